@@ -1,0 +1,53 @@
+"""Barrier: no rank leaves before the last rank has entered.
+
+The harness sleeps a chosen rank before it enters, records when each rank entered and left
+(a clock shared by all processes of the host), and checks exit >= every entry. One trial per
+rank delays that rank, so a barrier that forgets any one peer's arrival is caught.
+"""
+
+from __future__ import annotations
+
+from .base import Case, Op, Trial
+
+DELAY_S = 0.05
+
+
+class Barrier(Op):
+    name = "barrier"
+
+    def args(self, params):
+        return []
+
+    def make_trial(self, rng, count, dtype, world, params):
+        raise NotImplementedError  # trials are made in make_case: one late rank per trial
+
+    def make_case(self, rng, case_id, count, dtype, world, params, trials, reps):
+        order = rng.permutation(world).tolist()
+        made = []
+        for late in order[: max(trials, world)]:
+            delays = [0.0] * world
+            delays[late] = DELAY_S
+            made.append(Trial([{} for _ in range(world)], [{} for _ in range(world)],
+                              [{} for _ in range(world)], delays))
+        return Case(case_id, count, dtype, world, dict(params), [], made)
+
+    def expected(self, trial, count, dtype, world, params):
+        return [{} for _ in range(world)]
+
+    def verify(self, trial, got, events, case, rtol, atol):
+        last_entry = max(e["t_enter"] for e in events)
+        late = max(range(len(events)), key=lambda r: events[r]["t_enter"])
+        errors = []
+        for rank, e in enumerate(events):
+            if e["t_exit"] < last_entry:
+                errors.append(
+                    f"rank {rank} left the barrier {1e3 * (last_entry - e['t_exit']):.1f} ms "
+                    f"before rank {late} entered it"
+                )
+        return errors
+
+    def bytes(self, count, dtype, world, params):
+        return 0, 1.0
+
+
+OPS = {"barrier": Barrier()}

@@ -1,0 +1,158 @@
+"""The contract of a correctness oracle, and the pieces every oracle shares.
+
+An Op makes the inputs of one case from the harness's secret random generator, says which
+output buffers each rank gets, and decides whether what the ranks wrote is right. It runs in
+the controller only: the ranks never see the oracle, the seed or the expected values.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+FLOAT_KINDS = "fc"
+
+
+@dataclass
+class Trial:
+    """Inputs and output layout of one call, for every rank."""
+
+    inputs: list[dict[str, np.ndarray]]  # [rank] -> name -> array
+    outputs: list[dict[str, tuple[tuple[int, ...], str]]]  # [rank] -> name -> (shape, dtype)
+    extra: list[dict[str, Any]] = field(default_factory=list)  # [rank] -> context values
+    delays: list[float] = field(default_factory=list)  # [rank] -> seconds slept before the call
+
+
+@dataclass
+class Case:
+    """One size and dtype of a task: several trials on fresh inputs, then timed repetitions."""
+
+    id: str
+    count: int
+    dtype: str
+    world: int
+    params: dict[str, Any]
+    args: list[str]
+    trials: list[Trial]
+    vary: tuple[str, ...] = ()
+    shifts: list[list[int]] = field(default_factory=list)  # [rep][rank] added to `vary` inputs
+
+
+def poison_value(dtype: np.dtype | str):
+    dtype = np.dtype(dtype)
+    if dtype.kind in FLOAT_KINDS:
+        return np.nan
+    if dtype.kind == "i":
+        return np.iinfo(dtype).min
+    if dtype.kind == "u":
+        return np.iinfo(dtype).max
+    return 0
+
+
+def compare(got: np.ndarray, want: np.ndarray, rtol: float, atol: float) -> str | None:
+    """None when equal within tolerance, else one sentence saying where and how it differs."""
+    want = np.asarray(want)
+    if got.shape != want.shape:
+        return f"shape {got.shape}, expected {want.shape}"
+    if got.size == 0:
+        return None
+    if got.dtype.kind in FLOAT_KINDS or want.dtype.kind in FLOAT_KINDS:
+        g = got.astype(np.float64)
+        ok = np.isclose(g, want.astype(np.float64), rtol=rtol, atol=atol, equal_nan=False)
+    else:
+        ok = got == want
+    if ok.all():
+        return None
+    bad = np.flatnonzero(~ok.reshape(-1))
+    first = int(bad[0])
+    g0 = got.reshape(-1)[first]
+    w0 = want.reshape(-1)[first]
+    poison = poison_value(got.dtype)
+    never = (np.isnan(g0) if got.dtype.kind in FLOAT_KINDS else g0 == poison)
+    note = " (poison: the element was never written)" if never else ""
+    index = np.unravel_index(first, got.shape) if got.ndim > 1 else first
+    return (
+        f"{bad.size} of {got.size} elements wrong; first at index {index}: "
+        f"got {g0!r}, expected {w0!r}{note}"
+    )
+
+
+class Op:
+    """Base oracle: inputs from `make_trial`, expected outputs from `expected`, exact or
+    tolerant comparison of every output of every rank."""
+
+    name = ""
+    #: inputs shifted by a different integer in every timed repetition, so a solution that
+    #: caches its first answer is caught by the check of the timed results
+    vary: tuple[str, ...] = ()
+    #: nccl-tests bus-bandwidth factor as a function of the world size
+    exact = False
+
+    def args(self, params: dict[str, Any]) -> list[str]:
+        raise NotImplementedError
+
+    def make_trial(self, rng: np.random.Generator, count: int, dtype: str, world: int,
+                   params: dict[str, Any]) -> Trial:
+        raise NotImplementedError
+
+    def expected(self, trial: Trial, count: int, dtype: str, world: int,
+                 params: dict[str, Any]) -> list[dict[str, np.ndarray]]:
+        raise NotImplementedError
+
+    def bytes(self, count: int, dtype: str, world: int, params: dict[str, Any]) -> tuple[int, float]:
+        """(bytes moved as nccl-tests counts the size, bus-bandwidth factor)."""
+        return count * np.dtype(dtype).itemsize, 1.0
+
+    def verify(self, trial: Trial, got: list[dict[str, np.ndarray]], events: list[dict[str, float]],
+               case: Case, rtol: float, atol: float) -> list[str]:
+        """Messages for every wrong output; empty when all ranks are right."""
+        want = self.expected(trial, case.count, case.dtype, case.world, case.params)
+        errors = []
+        for rank, (w_rank, g_rank) in enumerate(zip(want, got)):
+            for name, w in w_rank.items():
+                if name not in g_rank:
+                    errors.append(f"rank {rank}: output '{name}' missing")
+                    continue
+                msg = compare(g_rank[name], w, 0.0 if self.exact else rtol, 0.0 if self.exact else atol)
+                if msg:
+                    errors.append(f"rank {rank}: output '{name}': {msg}")
+        return errors
+
+    # -- shared helpers ------------------------------------------------------------------
+    def make_case(self, rng: np.random.Generator, case_id: str, count: int, dtype: str,
+                  world: int, params: dict[str, Any], trials: int, reps: int) -> Case:
+        made = [self.make_trial(rng, count, dtype, world, params) for _ in range(trials)]
+        for t in made:
+            if not t.extra:
+                t.extra = [{} for _ in range(world)]
+            if not t.delays:
+                t.delays = [0.0] * world
+        shifts = rng.integers(1, 64, size=(reps, world)).tolist() if self.vary else []
+        return Case(case_id, count, dtype, world, dict(params), self.args(params), made,
+                    tuple(self.vary), shifts)
+
+    def shifted(self, case: Case, rep: int) -> Trial:
+        """The inputs of timed repetition `rep` (trial 0's inputs plus that repetition's shift)."""
+        base = case.trials[0]
+        if not case.vary:
+            return base
+        inputs = []
+        for rank, named in enumerate(base.inputs):
+            new = dict(named)
+            for name in case.vary:
+                new[name] = named[name] + np.asarray(case.shifts[rep][rank], dtype=named[name].dtype)
+            inputs.append(new)
+        return Trial(inputs, base.outputs, base.extra, base.delays)
+
+
+def random_data(rng: np.random.Generator, shape, dtype: str) -> np.ndarray:
+    """Values exactly representable in the dtype, different on every element."""
+    dt = np.dtype(dtype)
+    if dt.kind in FLOAT_KINDS:
+        # small integers over 2^k: exact in float16 and up, and sums of a few of them stay exact
+        return (rng.integers(-512, 512, size=shape) / 64.0).astype(dt)
+    if dt.kind == "i":
+        return rng.integers(-1000, 1000, size=shape).astype(dt)
+    return rng.integers(0, 200, size=shape).astype(dt)

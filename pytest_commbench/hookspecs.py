@@ -1,0 +1,28 @@
+"""Hooks through which models and platforms are provided (the built-ins use them too)."""
+
+from __future__ import annotations
+
+import pluggy
+
+hookspec = pluggy.HookspecMarker("pytest")
+
+
+@hookspec(firstresult=True)
+def pytest_commbench_make_model(config, name):
+    """Return a model object for `--commbench-model=name`, or None if the name is not yours.
+    The built-ins (reference, template, mutants, dir:PATH) answer last."""
+
+
+@hookspec(firstresult=True)
+def pytest_commbench_make_platform(config, name):
+    """Return a platform object for `--platform=name`, or None. The built-ins answer last."""
+
+
+@hookspec
+def pytest_commbench_model_names(config):
+    """Return the model names you provide (they are listed when a name is unknown)."""
+
+
+@hookspec
+def pytest_commbench_result(config, record):
+    """Called with every finished result record, after it is on disk."""

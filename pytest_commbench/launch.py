@@ -1,0 +1,133 @@
+"""Start one MPI job in its own process session and make sure it is gone afterwards.
+
+mpiexec puts every rank in a process group of its own, so killing mpiexec's group is not
+enough: on a deadline we signal every process of the session (TERM, a grace period, KILL).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+GRACE_S = 3.0
+OUTPUT_CAP = 64 * 1024
+
+
+@dataclass
+class JobResult:
+    returncode: int | None
+    timed_out: bool
+    seconds: float
+    output: str  # stdout and stderr of all ranks, the tail kept within OUTPUT_CAP
+
+
+def find_mpiexec() -> str | None:
+    """mpiexec of the running Python's environment first, then the PATH."""
+    here = Path(sys.executable).parent / "mpiexec"
+    if here.exists():
+        return str(here)
+    return shutil.which("mpiexec") or shutil.which("mpirun")
+
+
+@functools.lru_cache(maxsize=1)
+def mpi_version() -> str:
+    """First line of `mpiexec --version` (the controller never initializes MPI itself)."""
+    exe = find_mpiexec()
+    if exe is None:
+        return "none"
+    try:
+        done = subprocess.run([exe, "--version"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"unknown ({exc.__class__.__name__})"
+    lines = (done.stdout or done.stderr).strip().splitlines()
+    return lines[0] if lines else "unknown"
+
+
+def mpi_env() -> dict[str, str]:
+    env = dict(os.environ)
+    # containers and CI run as root; Open MPI refuses without these
+    env.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
+    env.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    env.setdefault("PYTHONDONTWRITEBYTECODE", "1")
+    env.setdefault("OMP_NUM_THREADS", "1")
+    env.setdefault("OPENBLAS_NUM_THREADS", "1")
+    return env
+
+
+def session_pids(sid: int) -> list[int]:
+    """Every live process whose session id is `sid` (Linux /proc)."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                stat = f.read().decode(errors="replace")
+        except OSError:
+            continue
+        fields = stat[stat.rfind(")") + 2:].split()
+        # fields[0] is the state, fields[3] the session id
+        if len(fields) > 3 and int(fields[3]) == sid and fields[0] != "Z":
+            pids.append(int(entry))
+    return pids
+
+
+def kill_session(sid: int, grace: float = GRACE_S) -> None:
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        pids = session_pids(sid)
+        if not pids:
+            return
+        for pid in pids:
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + (grace if sig == signal.SIGTERM else 5.0)
+        while time.monotonic() < deadline and session_pids(sid):
+            time.sleep(0.05)
+
+
+def tail(path: Path, cap: int = OUTPUT_CAP) -> str:
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as f:
+            if size > cap:
+                f.seek(size - cap)
+            data = f.read()
+    except OSError:
+        return ""
+    text = data.decode(errors="replace")
+    if size > cap:
+        text = f"[... {size - cap} bytes cut ...]\n" + text
+    return text
+
+
+def run_job(argv: list[str], cwd: Path, deadline_s: float, env: dict[str, str] | None = None,
+            log: Path | None = None) -> JobResult:
+    """Run argv with a wall-clock deadline; whatever happens, nothing of it survives."""
+    log = log or (cwd / "output.log")
+    start = time.monotonic()
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, start_new_session=True)
+        timed_out = False
+        try:
+            proc.wait(timeout=deadline_s)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+        finally:
+            kill_session(proc.pid)  # also reaps ranks left behind by a job that did exit
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:  # pragma: no cover - KILL cannot be ignored
+                pass
+    return JobResult(None if timed_out else proc.returncode, timed_out,
+                     time.monotonic() - start, tail(log))

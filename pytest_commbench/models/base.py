@@ -1,0 +1,40 @@
+"""The interface between a model and the engine."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..tasks import Task
+
+
+@dataclass
+class Reply:
+    """What a model gave for one task: a full file or just its regions (or nothing)."""
+
+    text: str | None
+    tokens_in: int = 0
+    tokens_out: int = 0
+    cost: float = 0.0
+    rounds: int = 1
+    # the source could not answer at all (an API outage): infra_error, not the model's fault
+    infra_error: str | None = None
+
+
+@dataclass
+class Candidate:
+    """One thing to score on one task; one pytest item per candidate and world size."""
+
+    id: str  # "" for the model's own solution, else e.g. the mutant's name
+    kind: str  # "solution": must pass; "mutant": must be rejected
+    produce: Callable[[], Reply]
+
+
+class Model:
+    """Produce candidates for a task. `references` is the hidden references root."""
+
+    name = "model"
+
+    def candidates(self, task: Task, references: Path) -> list[Candidate]:
+        raise NotImplementedError

@@ -1,0 +1,85 @@
+"""Built-in models: reference, template, mutants and dir:PATH."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..tasks import Task
+from .base import Candidate, Model, Reply
+
+
+def _read(path: Path) -> Reply:
+    try:
+        return Reply(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return Reply(None)
+
+
+class ReferenceModel(Model):
+    """The hidden expert solution: must pass everything with speedup ~1."""
+
+    name = "reference"
+
+    def candidates(self, task, references):
+        path = references / task.relpath / f"solution{task.suffix}"
+        return [Candidate("", "solution", lambda: _read(path))]
+
+
+class TemplateModel(Model):
+    """The unchanged template: must fail everything."""
+
+    name = "template"
+
+    def candidates(self, task, references):
+        return [Candidate("", "solution", lambda: _read(task.template))]
+
+
+class MutantsModel(Model):
+    """Each known-wrong solution of each task; the item passes when the mutant is rejected."""
+
+    name = "mutants"
+
+    def candidates(self, task: Task, references: Path) -> list[Candidate]:
+        folder = references / task.relpath / "mutants"
+        return [
+            Candidate(f"mutant-{p.stem}", "mutant", lambda p=p: _read(p))
+            for p in sorted(folder.glob(f"*{task.suffix}"))
+        ]
+
+
+class DirModel(Model):
+    """Solutions generated elsewhere: PATH/<category>/<task>/solution.<ext> (a full file) or
+    PATH/<category>/<task>/reply.md (a raw model reply, merged into the template)."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.name = f"dir:{root}"
+
+    def candidates(self, task, references):
+        folder = self.root / task.relpath
+
+        def produce() -> Reply:
+            for name in (f"solution{task.suffix}", "reply.md", "reply.txt"):
+                if (folder / name).is_file():
+                    return _read(folder / name)
+            return Reply(None)
+
+        return [Candidate("", "solution", produce)]
+
+
+def make_builtin(name: str, rootdir: Path) -> Model | None:
+    if name == "reference":
+        return ReferenceModel()
+    if name == "template":
+        return TemplateModel()
+    if name == "mutants":
+        return MutantsModel()
+    if name.startswith("dir:"):
+        root = Path(name[4:]).expanduser()
+        if not root.is_absolute():
+            root = rootdir / root
+        return DirModel(root)
+    return None
+
+
+BUILTIN_NAMES = ("reference", "template", "mutants", "dir:PATH")

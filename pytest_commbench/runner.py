@@ -1,0 +1,322 @@
+"""Run one candidate of one task at one world size and decide its verdict.
+
+This is the controller side of the trust boundary: it owns the secret seed, writes the inputs,
+launches reference and solution jobs (interleaved, in separate processes), and judges what the
+ranks wrote with the task's oracle. It never imports solution code.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from . import checks, regions
+from .checks.base import Case
+from .launch import JobResult, mpi_env, run_job
+from .models.base import Candidate, Reply
+from .platforms.base import Platform
+from .tasks import Task
+from .timing import max_over_ranks, metric_value, speedup, summarize
+from .verdicts import Rejected, Verdict
+
+MAX_MESSAGES = 5
+OUTPUT_IN_RECORD = 4000
+
+
+@dataclass
+class Settings:
+    seed: int  # this item's seed, derived from the run's secret seed
+    work: Path  # this item's scratch directory
+    cache: Path  # build cache shared by the run
+    references: Path
+    rounds: int = 2
+    reps: int = 10  # minimum timed repetitions per size and job
+    max_reps: int = 200  # ... and the most, while the time budget lasts
+    budget_s: float = 0.25  # timed seconds per size and job the repetitions may add up to
+    warmup: int = 2
+    timeout: float | None = None  # overrides the manifest's per-job deadline
+    keep: bool = False
+
+
+@dataclass
+class Outcome:
+    """What one job showed: failure (verdict, message, detail) or per-case max-over-ranks times."""
+
+    verdict: Verdict
+    message: str = ""
+    detail: str = ""
+    times: dict[str, list[float]] = field(default_factory=dict)
+    output: str = ""
+    seconds: float = 0.0
+
+
+class InfraError(Exception):
+    """The harness, the reference or the machine failed; not the solution's fault."""
+
+
+def run_candidate(task: Task, world: int, candidate: Candidate, platform: Platform,
+                  settings: Settings) -> dict[str, Any]:
+    """Return the result record (without run-level fields) for one item."""
+    started = time.time()
+    record: dict[str, Any] = {
+        "verdict": None, "message": "", "detail": "", "speedup": None, "sizes": [],
+        "tokens_in": 0, "tokens_out": 0, "cost": 0.0, "rounds": 1, "output": "",
+    }
+    try:
+        _run(task, world, candidate, platform, settings, record)
+    except Rejected as exc:
+        record.update(verdict=exc.verdict, message=exc.message, detail=exc.detail)
+    except InfraError as exc:
+        record.update(verdict=Verdict.INFRA_ERROR, message=str(exc))
+    except Exception as exc:  # noqa: BLE001 - a harness bug is an infra_error, never a crash
+        record.update(verdict=Verdict.INFRA_ERROR,
+                      message=f"harness error: {exc.__class__.__name__}: {exc}",
+                      detail=traceback.format_exc())
+    record["verdict"] = str(record["verdict"])
+    record["duration_s"] = round(time.time() - started, 3)
+    if record["verdict"] == "pass" and not settings.keep:
+        shutil.rmtree(settings.work, ignore_errors=True)
+    return record
+
+
+def _produce(candidate: Candidate) -> Reply:
+    try:
+        return candidate.produce()
+    except Exception as exc:  # noqa: BLE001 - a model source that fails is an outage
+        return Reply(None, infra_error=f"{exc.__class__.__name__}: {exc}")
+
+
+def _run(task, world, candidate, platform, settings, record) -> None:
+    reply = _produce(candidate)
+    record.update(tokens_in=reply.tokens_in, tokens_out=reply.tokens_out, cost=reply.cost,
+                  rounds=reply.rounds)
+    if reply.infra_error:
+        raise InfraError(f"the model source failed: {reply.infra_error}")
+    template = task.template.read_text(encoding="utf-8")
+    solution = regions.merge_reply(template, reply.text)
+    settings.work.mkdir(parents=True, exist_ok=True)
+    (settings.work / f"solution{task.suffix}").write_text(solution)
+    artifact = platform.build(task, solution, settings.cache)
+
+    timed = candidate.kind == "solution"
+    ref_artifact = None
+    if timed:
+        ref_path = settings.references / task.relpath / f"solution{task.suffix}"
+        try:
+            ref_text = ref_path.read_text(encoding="utf-8")
+            regions.verify(template, ref_text)
+            ref_artifact = platform.build(task, ref_text, settings.cache)
+        except (OSError, Rejected) as exc:
+            raise InfraError(f"the reference of {task.relpath} is unusable: {exc}") from None
+
+    op = checks.get(task.check.op)
+    rng = np.random.default_rng(settings.seed)
+    cases = []
+    for count in task.sizes:
+        for dtype in task.check.dtypes:
+            cid = f"c{len(cases)}"
+            cases.append(op.make_case(rng, cid, count, dtype, world, task.check.params,
+                                      task.check.trials, settings.max_reps))
+    reps = settings.reps
+    middle = int(rng.integers(1, reps - 1)) if reps > 2 else 0
+    check_reps = sorted({0, middle, reps - 1}) if reps > 0 else []
+    io = settings.work / "io"
+    _write_inputs(io, cases)
+
+    deadline = settings.timeout or task.timeout
+    sol_times: dict[str, list[float]] = {c.id: [] for c in cases}
+    ref_times: dict[str, list[float]] = {c.id: [] for c in cases}
+    rounds = settings.rounds if timed else 1
+    outputs = []
+    for rnd in range(rounds):
+        jobs = [("ref", ref_artifact.path), ("sol", artifact.path)] if timed else [("sol", artifact.path)]
+        for who, path in jobs:
+            job_dir = settings.work / f"{who}{rnd}"
+            outcome = _run_job(task, world, platform, path, cases, io, job_dir, check_reps,
+                               settings, deadline)
+            outcome = _judge(op, task, cases, check_reps, job_dir, outcome)
+            if who == "sol":
+                outputs.append(outcome.output)
+            if outcome.verdict is not Verdict.PASS:
+                if who == "ref":
+                    raise InfraError(f"the reference failed ({outcome.verdict}): {outcome.message}")
+                record["output"] = outcome.output[-OUTPUT_IN_RECORD:]
+                raise Rejected(outcome.verdict, outcome.message, outcome.detail)
+            target = ref_times if who == "ref" else sol_times
+            for cid, ts in outcome.times.items():
+                target[cid].extend(ts)
+    record["output"] = (outputs[-1] if outputs else "")[-OUTPUT_IN_RECORD:]
+    record["verdict"] = Verdict.PASS
+    if timed and reps > 0:
+        _figures(op, task, cases, sol_times, ref_times, record)
+
+
+def _write_inputs(io: Path, cases: list[Case]) -> None:
+    for case in cases:
+        for t, trial in enumerate(case.trials):
+            for rank, named in enumerate(trial.inputs):
+                folder = io / case.id / f"t{t}" / f"r{rank}"
+                folder.mkdir(parents=True, exist_ok=True)
+                for name, array in named.items():
+                    np.save(folder / f"{name}.npy", array)
+
+
+def _job_spec(task, cases, io, out, scratch, path, check_reps, settings, backend) -> dict:
+    return {
+        "solution": str(path),
+        "entry": task.entry,
+        "backend": backend,
+        "io": str(io),
+        "out": str(out),
+        "scratch": str(scratch),
+        "warmup": settings.warmup,
+        "reps": settings.reps,
+        "max_reps": settings.max_reps,
+        "budget_s": settings.budget_s,
+        "check_reps": check_reps,
+        "cases": [
+            {
+                "id": c.id,
+                "args": c.args,
+                "params": c.params,
+                "vary": list(c.vary),
+                "shifts": c.shifts,
+                "trials": [
+                    {
+                        "outputs": [{k: [list(s), d] for k, (s, d) in o.items()} for o in t.outputs],
+                        "extra": t.extra,
+                        "delays": t.delays,
+                    }
+                    for t in c.trials
+                ],
+            }
+            for c in cases
+        ],
+    }
+
+
+def _run_job(task, world, platform, path, cases, io, job_dir, check_reps, settings,
+             deadline) -> Outcome:
+    if job_dir.exists():
+        shutil.rmtree(job_dir)
+    out = job_dir / "out"
+    out.mkdir(parents=True)
+    spec = _job_spec(task, cases, io, out, job_dir / "scratch", path, check_reps, settings,
+                     platform.backend)
+    job_file = job_dir / "job.json"
+    job_file.write_text(json.dumps(spec))
+    result = run_job(platform.launch_argv(world, job_file), job_dir, deadline, env=mpi_env())
+    return _job_outcome(result, out, world, deadline)
+
+
+def _job_outcome(result: JobResult, out: Path, world: int, deadline: float) -> Outcome:
+    """From the ranks' status files: did every rank finish? Exit codes and printed text are
+    only quoted, never believed."""
+    statuses = []
+    for rank in range(world):
+        try:
+            statuses.append(json.loads((out / f"status_r{rank}.json").read_text()))
+        except (OSError, ValueError):
+            statuses.append(None)
+    base = Outcome(Verdict.PASS, output=result.output, seconds=result.seconds)
+    if result.timed_out:
+        stuck = [f"rank {r}: {s['phase']}" for r, s in enumerate(statuses) if s and not s.get("done")]
+        base.verdict = Verdict.TIMEOUT
+        base.message = f"the job did not finish within {deadline:g} s and was killed"
+        base.detail = "; ".join(stuck)
+        return base
+    if all(s is None for s in statuses):
+        raise InfraError(
+            f"no rank started (launcher exit code {result.returncode}): "
+            f"{result.output.strip()[-800:] or 'no output'}"
+        )
+    for rank, s in enumerate(statuses):
+        if s and s.get("error"):
+            base.verdict = Verdict.RUNTIME_ERROR
+            base.message = f"rank {rank} raised during {s['phase']}: {s['error']}"
+            base.detail = s.get("traceback", "")
+            return base
+    for rank, s in enumerate(statuses):
+        if s is None or not s.get("done"):
+            phase = s["phase"] if s else "start-up"
+            base.verdict = Verdict.RUNTIME_ERROR
+            base.message = (f"rank {rank} died during {phase} "
+                            f"(launcher exit code {result.returncode})")
+            return base
+    return base
+
+
+def _load_outputs(folder: Path, world: int) -> list[dict[str, np.ndarray]]:
+    got = []
+    for rank in range(world):
+        d = folder / f"r{rank}"
+        got.append({p.stem: np.load(p, allow_pickle=False) for p in sorted(d.glob("*.npy"))})
+    return got
+
+
+def _judge(op, task, cases, check_reps, job_dir: Path, outcome: Outcome) -> Outcome:
+    if outcome.verdict is not Verdict.PASS:
+        return outcome
+    out = job_dir / "out"
+    errors: list[str] = []
+    for case in cases:
+        world = case.world
+        events = []
+        for rank in range(world):
+            events.append(json.loads((out / case.id / f"events_r{rank}.json").read_text()))
+        label = f"count={case.count} {case.dtype}"
+        for t, trial in enumerate(case.trials):
+            got = _load_outputs(out / case.id / f"t{t}", world)
+            ev = [e["trials"][t] for e in events]
+            for msg in op.verify(trial, got, ev, case, task.check.rtol, task.check.atol):
+                errors.append(f"[{label}, trial {t}] {msg}")
+        done = len(events[0]["times"])
+        for rep in sorted({r for r in check_reps if r < done} | ({done - 1} if done else set())):
+            got = _load_outputs(out / case.id / f"rep{rep}", world)
+            trial = op.shifted(case, rep)
+            ev = [{"t_enter": 0.0, "t_exit": 0.0}] * world  # no delays in timed repetitions
+            for msg in op.verify(trial, got, ev, case, task.check.rtol, task.check.atol):
+                errors.append(f"[{label}, timed repetition {rep}] {msg}")
+        if events[0]["times"]:
+            outcome.times[case.id] = max_over_ranks([e["times"] for e in events])
+    if errors:
+        outcome.verdict = Verdict.WRONG_ANSWER
+        outcome.message = errors[0]
+        more = errors[1:MAX_MESSAGES]
+        outcome.detail = "\n".join(more + ([f"... {len(errors) - MAX_MESSAGES} more"]
+                                           if len(errors) > MAX_MESSAGES else []))
+    return outcome
+
+
+def _figures(op, task, cases, sol_times, ref_times, record) -> None:
+    sizes, ratios = [], []
+    for case in cases:
+        sol, ref = summarize(sol_times[case.id]), summarize(ref_times[case.id])
+        nbytes, factor = op.bytes(case.count, case.dtype, case.world, case.params)
+        s = speedup(ref, sol)
+        ratios.append(s)
+        m = task.metric
+        sizes.append({
+            "count": case.count,
+            "dtype": case.dtype,
+            "bytes": nbytes,
+            "t_sol_us": sol.median * 1e6,
+            "t_ref_us": ref.median * 1e6,
+            "spread_sol": sol.spread,
+            "spread_ref": ref.spread,
+            "n": sol.n,
+            "metric": m.name,
+            "unit": m.unit,
+            "value_sol": metric_value(sol.median, nbytes, factor, m.bytes, m.unit),
+            "value_ref": metric_value(ref.median, nbytes, factor, m.bytes, m.unit),
+            "speedup": s,
+        })
+    record["sizes"] = sizes
+    record["speedup"] = float(np.exp(np.mean(np.log(ratios)))) if ratios else None

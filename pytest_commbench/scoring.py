@@ -1,0 +1,85 @@
+"""The benchmark's scores, as the CommBench paper defines them.
+
+- per size: speedup s = perf_solution / perf_reference (latency inverted)
+- per task: geometric mean over sizes; band Better s >= 1.20, Comparable 0.95 <= s < 1.20,
+  Degraded 0.60 <= s < 0.95, Severely degraded s < 0.60
+- Pass Rate = passes / applicable tasks; PASS+Good = passes with s >= 0.95 / applicable
+- GM-Speedup = geometric mean of task speedups over passing tasks with a metric
+- Pass x GM = Pass Rate x GM-Speedup (the ranking metric); Price = mean cost per task
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+GOOD = 0.95
+BANDS = ((1.20, "Better"), (0.95, "Comparable"), (0.60, "Degraded"), (0.0, "Severely degraded"))
+NOT_APPLICABLE = ("skipped", "infra_error")
+
+
+def band(speedup: float | None) -> str:
+    if speedup is None:
+        return ""
+    for floor, name in BANDS:
+        if speedup >= floor:
+            return name
+    return BANDS[-1][1]
+
+
+def geomean(values: Iterable[float]) -> float | None:
+    vals = [v for v in values if v is not None and v > 0 and math.isfinite(v)]
+    if not vals:
+        return None
+    return math.exp(sum(math.log(v) for v in vals) / len(vals))
+
+
+@dataclass(frozen=True)
+class Scores:
+    applicable: int
+    passes: int
+    good: int
+    not_applicable: int
+    pass_rate: float | None
+    pass_good: float | None
+    gm_speedup: float | None
+    pass_x_gm: float | None
+    price: float | None
+
+
+def score(records: Iterable[dict]) -> Scores:
+    """Scores over solution records (mutant records are the checker's test, not a model's)."""
+    recs = [r for r in records if r.get("kind", "solution") == "solution"]
+    applicable = [r for r in recs if r["verdict"] not in NOT_APPLICABLE]
+    passes = [r for r in applicable if r["verdict"] == "pass"]
+    good = [r for r in passes if r.get("speedup") is not None and r["speedup"] >= GOOD]
+    n = len(applicable)
+    pass_rate = len(passes) / n if n else None
+    gm = geomean(r.get("speedup") for r in passes)
+    costs = [float(r.get("cost") or 0.0) for r in applicable]
+    return Scores(
+        applicable=n,
+        passes=len(passes),
+        good=len(good),
+        not_applicable=len(recs) - n,
+        pass_rate=pass_rate,
+        pass_good=len(good) / n if n else None,
+        gm_speedup=gm,
+        pass_x_gm=pass_rate * gm if pass_rate is not None and gm is not None else None,
+        price=sum(costs) / n if n else None,
+    )
+
+
+def breakdown(records: Iterable[dict], key: str) -> list[tuple[str, Scores]]:
+    groups: dict[str, list[dict]] = {}
+    for r in records:
+        groups.setdefault(str(r.get(key, "")), []).append(r)
+    return [(k, score(v)) for k, v in sorted(groups.items())]
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k from n samples of which c passed (Chen et al. 2021)."""
+    if n - c < k:
+        return 1.0
+    return 1.0 - math.prod(1.0 - k / i for i in range(n - c + 1, n + 1))

@@ -1,0 +1,256 @@
+"""The task manifest (`task.toml`): schema, validation and the Task object built from it.
+
+A bad manifest raises ManifestError naming the file and the key, so collection can show one
+clear line instead of a traceback.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+MANIFEST = "task.toml"
+
+CATEGORIES = ("p2p", "collective", "ep", "fusion", "utility")
+LIBRARIES = (
+    "cuda-runtime", "nccl", "nccl-device", "nvshmem", "ibverbs", "mscclpp", "deepep",
+    "thunderkittens", "vllm", "sglang", "cupy", "torch", "mpi",
+)
+DIFFICULTIES = ("easy", "medium", "hard")
+SETUPS = ("bare-metal", "library-based")
+LANGUAGES = {"python": ".py", "cuda": ".cu", "c++": ".cpp", "c": ".c"}
+BETTER = ("higher", "lower")
+# how bytes are counted for bandwidth metrics, as nccl-tests does
+BYTES_RULES = ("busbw", "algbw", "none")
+DTYPES = ("float64", "float32", "float16", "bfloat16", "int64", "int32", "int8", "uint8")
+
+
+class ManifestError(Exception):
+    """A task.toml that cannot be used; the message names the file and the key."""
+
+    def __init__(self, path: Path, key: str, message: str) -> None:
+        self.path, self.key = path, key
+        super().__init__(f"{path}: key '{key}': {message}")
+
+
+@dataclass(frozen=True)
+class CheckSpec:
+    op: str
+    dtypes: tuple[str, ...]
+    rtol: float
+    atol: float
+    params: dict[str, Any] = field(default_factory=dict)
+    trials: int = 2
+
+
+@dataclass(frozen=True)
+class MetricSpec:
+    name: str
+    unit: str
+    better: str
+    bytes: str
+
+
+@dataclass(frozen=True)
+class Task:
+    """One benchmark task: what a model is shown and how the harness runs it."""
+
+    dir: Path
+    relpath: str  # path below the suites root, e.g. "collective/ring_allreduce"
+    title: str
+    category: str
+    library: str
+    difficulty: str
+    setup: str
+    language: str
+    entry: str
+    platforms: tuple[str, ...]
+    vendors: tuple[str, ...]
+    ranks: tuple[int, ...]
+    requires: tuple[str, ...]
+    timeout: float
+    sizes: tuple[int, ...]
+    forbid: tuple[str, ...]
+    check: CheckSpec
+    metric: MetricSpec
+    template: Path
+    prompt: Path
+
+    @property
+    def name(self) -> str:
+        return self.dir.name
+
+    @property
+    def suffix(self) -> str:
+        return LANGUAGES[self.language]
+
+    def markers(self) -> list[str]:
+        """Marker names for -m selection (hyphens become underscores)."""
+        def norm(value: str) -> str:
+            return value.replace("-", "_").replace("+", "p")
+
+        return [
+            f"category_{norm(self.category)}",
+            f"library_{norm(self.library)}",
+            f"difficulty_{norm(self.difficulty)}",
+            f"setup_{norm(self.setup)}",
+        ]
+
+
+_TOP_KEYS = {
+    "title", "category", "library", "difficulty", "setup", "language", "entry", "platforms",
+    "vendors", "ranks", "requires", "timeout", "sizes", "forbid", "check", "metric", "template",
+    "prompt",
+}
+_CHECK_KEYS = {"op", "dtypes", "rtol", "atol", "params", "trials"}
+_METRIC_KEYS = {"name", "unit", "better", "bytes"}
+
+
+class _Reader:
+    def __init__(self, path: Path, data: dict[str, Any], prefix: str = "") -> None:
+        self.path, self.data, self.prefix = path, data, prefix
+
+    def fail(self, key: str, message: str) -> ManifestError:
+        return ManifestError(self.path, self.prefix + key, message)
+
+    def unknown(self, allowed: set[str]) -> None:
+        for key in sorted(self.data):
+            if key not in allowed:
+                raise self.fail(key, f"unknown key (allowed: {', '.join(sorted(allowed))})")
+
+    def get(self, key: str, kind: type | tuple[type, ...], default: Any = ...) -> Any:
+        if key not in self.data:
+            if default is ...:
+                raise self.fail(key, "missing")
+            return default
+        value = self.data[key]
+        if isinstance(value, bool) and bool not in (kind if isinstance(kind, tuple) else (kind,)):
+            raise self.fail(key, f"expected {_kind_name(kind)}, got a boolean")
+        if not isinstance(value, kind):
+            raise self.fail(key, f"expected {_kind_name(kind)}, got {type(value).__name__}")
+        return value
+
+    def choice(self, key: str, choices: tuple[str, ...], default: Any = ...) -> str:
+        value = self.get(key, str, default)
+        if value not in choices:
+            raise self.fail(key, f"{value!r} is not one of {', '.join(choices)}")
+        return value
+
+    def strings(self, key: str, default: Any = ..., choices: tuple[str, ...] | None = None):
+        value = self.get(key, list, default)
+        for v in value:
+            if not isinstance(v, str) or not v:
+                raise self.fail(key, "expected a list of non-empty strings")
+            if choices is not None and v not in choices:
+                raise self.fail(key, f"{v!r} is not one of {', '.join(choices)}")
+        return tuple(value)
+
+    def ints(self, key: str, minimum: int, default: Any = ...) -> tuple[int, ...]:
+        value = self.get(key, list, default)
+        if not value:
+            raise self.fail(key, "must not be empty")
+        for v in value:
+            if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
+                raise self.fail(key, f"expected a list of integers >= {minimum}")
+        return tuple(value)
+
+
+def _kind_name(kind: type | tuple[type, ...]) -> str:
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    names = {int: "an integer", float: "a number", str: "a string", list: "a list", dict: "a table"}
+    return " or ".join(names.get(k, k.__name__) for k in kinds)
+
+
+def load_task(manifest: Path, suites_root: Path) -> Task:
+    """Read and validate one task.toml."""
+    manifest = Path(manifest)
+    try:
+        data = tomllib.loads(manifest.read_text(encoding="utf-8"))
+    except tomllib.TOMLDecodeError as exc:
+        raise ManifestError(manifest, "<toml>", f"not valid TOML: {exc}") from None
+    except OSError as exc:
+        raise ManifestError(manifest, "<file>", f"cannot read: {exc}") from None
+    top = _Reader(manifest, data)
+    top.unknown(_TOP_KEYS)
+    task_dir = manifest.parent
+
+    language = top.choice("language", tuple(LANGUAGES))
+    template = task_dir / top.get("template", str, "template" + LANGUAGES[language])
+    if not template.is_file():
+        raise top.fail("template", f"file {template.name} does not exist beside the manifest")
+    prompt = task_dir / top.get("prompt", str, "prompt.md")
+    if not prompt.is_file():
+        raise top.fail("prompt", f"file {prompt.name} does not exist beside the manifest")
+
+    check_data = top.get("check", dict)
+    chk = _Reader(manifest, check_data, "check.")
+    chk.unknown(_CHECK_KEYS)
+    from .checks import known_ops  # late: checks import numpy
+
+    op = chk.get("op", str)
+    if op not in known_ops():
+        raise chk.fail("op", f"unknown operation {op!r} (known: {', '.join(sorted(known_ops()))})")
+    rtol = float(chk.get("rtol", (int, float), 0.0))
+    atol = float(chk.get("atol", (int, float), 0.0))
+    if rtol < 0 or atol < 0:
+        raise chk.fail("rtol" if rtol < 0 else "atol", "tolerances must be >= 0")
+    trials = chk.get("trials", int, 2)
+    if trials < 1:
+        raise chk.fail("trials", "must be >= 1")
+    check = CheckSpec(
+        op=op,
+        dtypes=chk.strings("dtypes", ("float64",), DTYPES),
+        rtol=rtol,
+        atol=atol,
+        params=dict(chk.get("params", dict, {})),
+        trials=trials,
+    )
+
+    met = _Reader(manifest, top.get("metric", dict), "metric.")
+    met.unknown(_METRIC_KEYS)
+    metric = MetricSpec(
+        name=met.get("name", str),
+        unit=met.get("unit", str),
+        better=met.choice("better", BETTER),
+        bytes=met.choice("bytes", BYTES_RULES, "none"),
+    )
+
+    timeout = top.get("timeout", (int, float), 60)
+    if timeout <= 0:
+        raise top.fail("timeout", "must be > 0 seconds")
+    entry = top.get("entry", str)
+    if not entry.isidentifier():
+        raise top.fail("entry", f"{entry!r} is not a function name")
+    try:
+        relpath = task_dir.resolve().relative_to(suites_root.resolve()).as_posix()
+    except ValueError:
+        relpath = task_dir.name
+    return Task(
+        dir=task_dir,
+        relpath=relpath,
+        title=top.get("title", str),
+        category=top.choice("category", CATEGORIES),
+        library=top.choice("library", LIBRARIES),
+        difficulty=top.choice("difficulty", DIFFICULTIES),
+        setup=top.choice("setup", SETUPS),
+        language=language,
+        entry=entry,
+        platforms=top.strings("platforms"),
+        vendors=top.strings("vendors", ()),
+        ranks=top.ints("ranks", 1),
+        requires=top.strings("requires", ()),
+        timeout=float(timeout),
+        sizes=top.ints("sizes", 0),
+        forbid=top.strings("forbid", ()),
+        check=check,
+        metric=metric,
+        template=template,
+        prompt=prompt,
+    )

@@ -1,0 +1,64 @@
+"""Statistics of timed repetitions and the per-size figures derived from them."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+_UNITS = {"s": 1.0, "ms": 1e3, "us": 1e6, "ns": 1e9}
+_RATES = {"B/s": 1.0, "KB/s": 1e-3, "MB/s": 1e-6, "GB/s": 1e-9, "TB/s": 1e-12}
+
+
+@dataclass(frozen=True)
+class Stats:
+    median: float
+    q1: float
+    q3: float
+    min: float
+    max: float
+    n: int
+
+    @property
+    def spread(self) -> float:
+        """Interquartile range relative to the median."""
+        return (self.q3 - self.q1) / self.median if self.median > 0 else 0.0
+
+    def as_dict(self) -> dict:
+        return {**asdict(self), "spread": self.spread}
+
+
+def summarize(samples: list[float]) -> Stats:
+    a = np.asarray(samples, dtype=np.float64)
+    if a.size == 0:
+        raise ValueError("no samples")
+    q1, med, q3 = np.percentile(a, [25, 50, 75])
+    return Stats(float(med), float(q1), float(q3), float(a.min()), float(a.max()), int(a.size))
+
+
+def max_over_ranks(per_rank: list[list[float]]) -> list[float]:
+    """Per repetition, the slowest rank's time: a collective is done when its last rank is."""
+    lengths = {len(t) for t in per_rank}
+    if len(lengths) != 1:
+        raise ValueError(f"ranks timed different numbers of repetitions: {sorted(lengths)}")
+    return [float(x) for x in np.max(np.asarray(per_rank, dtype=np.float64), axis=0)]
+
+
+def speedup(ref: Stats, sol: Stats) -> float:
+    """perf_solution / perf_reference; for every metric here that is t_ref / t_sol (the bytes
+    moved are the same, and latency is inverted)."""
+    return ref.median / sol.median if sol.median > 0 else float("inf")
+
+
+def metric_value(seconds: float, nbytes: int, factor: float, rule: str, unit: str) -> float | None:
+    """The task's metric for one time: bandwidth the nccl-tests way, or a time in `unit`."""
+    if seconds <= 0:
+        return None
+    if unit in _UNITS:
+        return seconds * _UNITS[unit]
+    if unit in _RATES and rule in ("algbw", "busbw"):
+        bw = nbytes / seconds
+        if rule == "busbw":
+            bw *= factor
+        return bw * _RATES[unit]
+    return None

@@ -1,0 +1,47 @@
+"""Verdicts: what the harness decided about one solution on one task."""
+
+from __future__ import annotations
+
+from enum import Enum
+
+
+class Verdict(str, Enum):
+    PASS = "pass"
+    WRONG_ANSWER = "wrong_answer"
+    COMPILE_ERROR = "compile_error"
+    RUNTIME_ERROR = "runtime_error"
+    TIMEOUT = "timeout"
+    TAMPERED = "tampered"
+    FORBIDDEN = "forbidden"
+    NO_SOLUTION = "no_solution"
+    INFRA_ERROR = "infra_error"
+    SKIPPED = "skipped"
+
+    def __str__(self) -> str:  # so f-strings and JSON show "pass", not "Verdict.PASS"
+        return self.value
+
+
+#: verdicts that are the solution's fault (counted against the model)
+MODEL_FAILURES = frozenset(
+    {
+        Verdict.WRONG_ANSWER,
+        Verdict.COMPILE_ERROR,
+        Verdict.RUNTIME_ERROR,
+        Verdict.TIMEOUT,
+        Verdict.TAMPERED,
+        Verdict.FORBIDDEN,
+        Verdict.NO_SOLUTION,
+    }
+)
+#: verdicts that leave a task out of the denominators
+NOT_APPLICABLE = frozenset({Verdict.INFRA_ERROR, Verdict.SKIPPED})
+
+
+class Rejected(Exception):
+    """A solution was rejected before or while it ran; carries the verdict and why."""
+
+    def __init__(self, verdict: Verdict, message: str, detail: str = "") -> None:
+        super().__init__(message)
+        self.verdict = verdict
+        self.message = message
+        self.detail = detail
