@@ -37,6 +37,8 @@ def used_names(tree: ast.AST) -> set[str]:
     """Every name the code uses (loaded names, attributes, imports, keyword arguments) and every
     string constant (so getattr(comm, "Allreduce") counts); names it defines do not count."""
     names: set[str] = set()
+    docstrings = {id(n.value) for n in ast.walk(tree)
+                  if isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant)}
     for node in ast.walk(tree):
         if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load):
             names.add(node.id)
@@ -48,7 +50,8 @@ def used_names(tree: ast.AST) -> set[str]:
             names.update(node.module.split("."))
         elif isinstance(node, ast.keyword) and node.arg:
             names.add(node.arg)
-        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+        elif (isinstance(node, ast.Constant) and isinstance(node.value, str)
+              and id(node) not in docstrings):  # docstrings and bare strings do nothing
             names.add(node.value)
     return names
 

@@ -27,13 +27,16 @@ class CommbenchFailure(Exception):
         self.headline = headline
 
 
-class TaskDirectory(pytest.Directory):
-    """A task directory; yields one item per (world size, candidate) in a stable order."""
+class TaskManifest(pytest.File):
+    """A task's task.toml; yields one item per (world size, candidate) in a stable order.
+
+    A file node (not a directory node) so that node ids like
+    `suites/collective/ring_allreduce/task.toml::ring_allreduce[np4]` select one item."""
 
     def collect(self):
         state = self.config.stash[STATE]
         try:
-            task = load_task(self.path / MANIFEST, state.suites)
+            task = load_task(self.path, state.suites)
         except ManifestError as exc:
             raise self.CollectError(str(exc)) from None
         for world in task.ranks:
@@ -92,7 +95,8 @@ class TaskItem(pytest.Item):
         settings = Settings(
             seed=state.item_seed(self.nodeid), work=state.run_dir / "work" / slug,
             cache=state.run_dir / "build", references=state.references, rounds=state.rounds,
-            reps=state.reps, warmup=state.warmup, timeout=state.timeout, keep=state.keep,
+            reps=state.reps, max_reps=state.max_reps, budget_s=state.budget,
+            warmup=state.warmup, timeout=state.timeout, keep=state.keep,
         )
         for _attempt in range(1 + INFRA_RETRIES):
             result = run_candidate(self.task, self.world, self.candidate, state.platform, settings)
@@ -117,7 +121,7 @@ class TaskItem(pytest.Item):
 
     def reportinfo(self):
         who = self.candidate.id or self.config.stash[STATE].model.name
-        return self.path / MANIFEST, None, f"commbench {self.task.relpath} np{self.world} [{who}]"
+        return self.path, None, f"commbench {self.task.relpath} np{self.world} [{who}]"
 
 
 def describe(record: dict[str, Any], headline: str) -> str:
@@ -176,5 +180,5 @@ def record_from_report(report) -> dict[str, Any] | None:
     return None
 
 
-def is_task_dir(path: Path) -> bool:
-    return (path / MANIFEST).is_file()
+def is_manifest(path: Path) -> bool:
+    return path.name == MANIFEST

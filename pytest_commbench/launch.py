@@ -8,15 +8,20 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 import shutil
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 GRACE_S = 3.0
+POLL_S = 0.2
+ABORT_GRACE_S = 5.0
+CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
 OUTPUT_CAP = 64 * 1024
 
 
@@ -104,30 +109,45 @@ def tail(path: Path, cap: int = OUTPUT_CAP) -> str:
             data = f.read()
     except OSError:
         return ""
-    text = data.decode(errors="replace")
+    # Open MPI writes NUL bytes when a rank aborts; keep the text printable for reports
+    text = CONTROL.sub("", data.decode(errors="replace"))
     if size > cap:
         text = f"[... {size - cap} bytes cut ...]\n" + text
     return text
 
 
 def run_job(argv: list[str], cwd: Path, deadline_s: float, env: dict[str, str] | None = None,
-            log: Path | None = None) -> JobResult:
-    """Run argv with a wall-clock deadline; whatever happens, nothing of it survives."""
+            log: Path | None = None, failed: Callable[[], bool] | None = None) -> JobResult:
+    """Run argv with a wall-clock deadline; whatever happens, nothing of it survives.
+
+    `failed` is polled while the job runs: once it says a rank has reported an error, the job
+    gets ABORT_GRACE_S to end by itself (MPI_Abort can hang on a corrupted heap) and is then
+    killed, so a crashed rank costs seconds, not the whole deadline."""
     log = log or (cwd / "output.log")
     start = time.monotonic()
     with open(log, "wb") as out:
         proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, start_new_session=True)
-        timed_out = False
+        timed_out = aborting = False
+        end = start + deadline_s
         try:
-            proc.wait(timeout=deadline_s)
-        except subprocess.TimeoutExpired:
-            timed_out = True
+            while True:
+                try:
+                    proc.wait(timeout=POLL_S)
+                    break
+                except subprocess.TimeoutExpired:
+                    pass
+                now = time.monotonic()
+                if now >= end:
+                    timed_out = not aborting  # a hung abort is the rank's error, not a timeout
+                    break
+                if not aborting and failed is not None and end > now + ABORT_GRACE_S and failed():
+                    end, aborting = now + ABORT_GRACE_S, True
         finally:
             kill_session(proc.pid)  # also reaps ranks left behind by a job that did exit
             try:
                 proc.wait(timeout=10)
             except subprocess.TimeoutExpired:  # pragma: no cover - KILL cannot be ignored
                 pass
-    return JobResult(None if timed_out else proc.returncode, timed_out,
+    return JobResult(None if timed_out or proc.returncode is None else proc.returncode, timed_out,
                      time.monotonic() - start, tail(log))

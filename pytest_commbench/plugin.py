@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from . import hookspecs
-from .items import TaskDirectory, is_task_dir, record_from_report
+from .items import TaskManifest, is_manifest, record_from_report
 from .models.builtin import BUILTIN_NAMES, make_builtin
 from .platforms import BUILTIN as BUILTIN_PLATFORMS
 from .report import render
@@ -19,6 +19,9 @@ RUNS_DESC = "where result logs and scratch directories go (default .commbench/ru
 ROUNDS_DESC = "interleaved reference/solution rounds per item (default 2)"
 REPS_DESC = "timed repetitions per size per job (default 10)"
 WARMUP_DESC = "untimed warm-up calls per size per job (default 2)"
+BUDGET_DESC = ("seconds of timed work per size per job; repetitions go on past --commbench-reps "
+               "until it is spent (default 0.25)")
+MAX_REPS_DESC = "at most this many timed repetitions per size per job (default 200)"
 MARKERS = {
     "commbench": "a pytest-commbench task item",
     "category_p2p": "", "category_collective": "", "category_ep": "", "category_fusion": "",
@@ -27,24 +30,25 @@ MARKERS = {
 }
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise pytest.UsageError(f"expected a whole number, got {text!r}") from None
-    if value < 0:
-        raise pytest.UsageError(f"expected a number >= 0, got {value}")
-    return value
+def _number(kind: type, minimum: float, inclusive: bool, what: str):
+    """An argparse type that raises UsageError with a sentence (as xdist's option parsers do)."""
+
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise pytest.UsageError(f"expected {what}, got {text!r}") from None
+        if value < minimum or (value == minimum and not inclusive):
+            sign = ">=" if inclusive else ">"
+            raise pytest.UsageError(f"expected {what} {sign} {minimum:g}, got {text}")
+        return value
+
+    return parse
 
 
-def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise pytest.UsageError(f"expected seconds, got {text!r}") from None
-    if value <= 0:
-        raise pytest.UsageError(f"expected seconds > 0, got {value}")
-    return value
+_count = _number(int, 0, True, "a whole number")
+_seconds = _number(float, 0, False, "seconds")
+_nonnegative_seconds = _number(float, 0, True, "seconds")
 
 
 def _seed(text: str) -> int:
@@ -66,9 +70,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         ("--commbench-seed", "seed", _seed, SEED_DESC),
         ("--commbench-timeout", "timeout", _seconds, TIMEOUT_DESC),
         ("--commbench-runs-dir", "runs_dir", str, RUNS_DESC),
-        ("--commbench-rounds", "rounds", _positive_int, ROUNDS_DESC),
-        ("--commbench-reps", "reps", _positive_int, REPS_DESC),
-        ("--commbench-warmup", "warmup", _positive_int, WARMUP_DESC),
+        ("--commbench-rounds", "rounds", _count, ROUNDS_DESC),
+        ("--commbench-reps", "reps", _count, REPS_DESC),
+        ("--commbench-warmup", "warmup", _count, WARMUP_DESC),
+        ("--commbench-budget", "budget", _nonnegative_seconds, BUDGET_DESC),
+        ("--commbench-max-reps", "max_reps", _count, MAX_REPS_DESC),
     ]
     for flag, name, kind, desc in options:
         group.addoption(flag, dest=f"commbench_{name}", type=kind, default=None, help=desc)
@@ -118,10 +124,9 @@ class XdistHooks:
         node.workerinput["commbench_run_id"] = self.state.run_id
 
 
-@pytest.hookimpl(tryfirst=True)
-def pytest_collect_directory(path, parent):
-    if is_task_dir(path):
-        return TaskDirectory.from_parent(parent, path=path)
+def pytest_collect_file(file_path, parent):
+    if is_manifest(file_path):
+        return TaskManifest.from_parent(parent, path=file_path)
     return None
 
 

@@ -8,6 +8,7 @@ ranks wrote with the task's oracle. It never imports solution code.
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import time
 import traceback
@@ -27,6 +28,9 @@ from .timing import max_over_ranks, metric_value, speedup, summarize
 from .verdicts import Rejected, Verdict
 
 MAX_MESSAGES = 5
+# Open MPI's report of a rank killed by a signal (mpirun 4.x and prterun 5.x say the same)
+LAUNCHER_DEATH = re.compile(r"process\s+rank\s+(\d+)\s+with\s+PID\s+\d+\s+on\s+node\s+\S+\s+"
+                            r"exited\s+on\s+signal\s+(\d+)(?:\s+\(([^)]*)\))?")
 OUTPUT_IN_RECORD = 4000
 
 
@@ -81,9 +85,19 @@ def run_candidate(task: Task, world: int, candidate: Candidate, platform: Platfo
                       detail=traceback.format_exc())
     record["verdict"] = str(record["verdict"])
     record["duration_s"] = round(time.time() - started, 3)
-    if record["verdict"] == "pass" and not settings.keep:
-        shutil.rmtree(settings.work, ignore_errors=True)
+    if not settings.keep:
+        _tidy(settings.work, everything=record["verdict"] == "pass")
     return record
+
+
+def _tidy(work: Path, everything: bool) -> None:
+    """Free the disk: a passing item leaves nothing; a failing one keeps its solution, job
+    files, rank status and output logs (for a human to look at), not its data arrays."""
+    if everything:
+        shutil.rmtree(work, ignore_errors=True)
+        return
+    for npy in work.rglob("*.npy") if work.exists() else ():
+        npy.unlink(missing_ok=True)
 
 
 def _produce(candidate: Candidate) -> Reply:
@@ -212,7 +226,17 @@ def _run_job(task, world, platform, path, cases, io, job_dir, check_reps, settin
                      platform.backend)
     job_file = job_dir / "job.json"
     job_file.write_text(json.dumps(spec))
-    result = run_job(platform.launch_argv(world, job_file), job_dir, deadline, env=mpi_env())
+    def rank_failed() -> bool:
+        for status in out.glob("status_r*.json"):
+            try:
+                if json.loads(status.read_text()).get("error"):
+                    return True
+            except (OSError, ValueError):
+                pass  # being rewritten right now
+        return False
+
+    result = run_job(platform.launch_argv(world, job_file), job_dir, deadline, env=mpi_env(),
+                     failed=rank_failed)
     return _job_outcome(result, out, world, deadline)
 
 
@@ -243,13 +267,19 @@ def _job_outcome(result: JobResult, out: Path, world: int, deadline: float) -> O
             base.message = f"rank {rank} raised during {s['phase']}: {s['error']}"
             base.detail = s.get("traceback", "")
             return base
-    for rank, s in enumerate(statuses):
-        if s is None or not s.get("done"):
-            phase = s["phase"] if s else "start-up"
-            base.verdict = Verdict.RUNTIME_ERROR
-            base.message = (f"rank {rank} died during {phase} "
-                            f"(launcher exit code {result.returncode})")
-            return base
+    unfinished = [r for r, s in enumerate(statuses) if s is None or not s.get("done")]
+    if unfinished:
+        # when one rank dies the launcher kills the rest: name the one it saw die first
+        seen = LAUNCHER_DEATH.search(result.output)
+        rank = int(seen.group(1)) if seen and int(seen.group(1)) in unfinished else unfinished[0]
+        phase = statuses[rank]["phase"] if statuses[rank] else "start-up"
+        how = f"signal {seen.group(2)}{f' ({seen.group(3)})' if seen.group(3) else ''}" if seen \
+            else f"launcher exit code {result.returncode}"
+        base.verdict = Verdict.RUNTIME_ERROR
+        base.message = f"rank {rank} died during {phase} ({how})"
+        if len(unfinished) > 1:
+            base.detail = f"ranks that did not finish: {', '.join(map(str, unfinished))}"
+        return base
     return base
 
 

@@ -24,6 +24,8 @@ DEFAULTS = {
     "rounds": 2,
     "reps": 10,
     "warmup": 2,
+    "budget": 0.25,
+    "max_reps": 200,
     "references": "references",
     "suites": "suites",
 }
@@ -59,6 +61,8 @@ class CommbenchState:
     rounds: int
     reps: int
     warmup: int
+    budget: float
+    max_reps: int
     timeout: float | None
     keep: bool
     log: ResultsLog
@@ -123,6 +127,8 @@ def create(config: pytest.Config) -> CommbenchState:
         rounds=int(setting(config, "rounds", int)),
         reps=int(setting(config, "reps", int)),
         warmup=int(setting(config, "warmup", int)),
+        budget=float(setting(config, "budget", float)),
+        max_reps=max(int(setting(config, "max_reps", int)), int(setting(config, "reps", int))),
         timeout=None if timeout is None else float(timeout),
         keep=bool(config.getoption("commbench_keep", False)),
         log=ResultsLog(run_dir / "results.jsonl"),

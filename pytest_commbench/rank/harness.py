@@ -77,7 +77,6 @@ def main(argv: list[str]) -> int:
 
 def run(job: dict, world, rank: int, size: int, status: Status) -> None:
     backend = BACKENDS[job.get("backend", "cpu")]()
-    io, out = Path(job["io"]), Path(job["out"])
     harness = world.Dup()  # the harness's own messages never mix with the solution's
     solution_comm = world.Dup()
     scratch = Path(job["scratch"]) / f"r{rank}"
@@ -86,87 +85,104 @@ def run(job: dict, world, rank: int, size: int, status: Status) -> None:
     status.update(phase="import solution")
     fn = load_solution(job["solution"], job["entry"])
     hostname = socket.gethostname()
-
     for case in job["cases"]:
-        cid = case["id"]
-        params = case["params"]
         ctx = Context(comm=solution_comm, rank=rank, world_size=size, hostname=hostname,
-                      params=params, scratch=scratch)
-
-        def build(trial: int) -> tuple[dict, dict]:
-            spec = case["trials"][trial]
-            folder = io / cid / f"t{trial}" / f"r{rank}"
-            inputs = {p.stem: backend.from_host(np.load(p)) for p in sorted(folder.glob("*.npy"))}
-            outputs = {name: backend.empty(shape, dtype)
-                       for name, (shape, dtype) in spec["outputs"][rank].items()}
-            return inputs, outputs
-
-        def call(bufs: dict) -> None:
-            args = [bufs[a] if a in bufs else params[a] for a in case["args"]]
-            fn(ctx, *args)
-
-        def save(folder: Path, outputs: dict) -> None:
-            folder.mkdir(parents=True, exist_ok=True)
-            for name, buf in outputs.items():
-                np.save(folder / f"{name}.npy", backend.to_host(buf))
-
-        events = []
-        # 1. correctness trials: fresh inputs, poisoned outputs, optional delay before entry
-        for t, spec in enumerate(case["trials"]):
-            status.update(phase=f"case {cid} trial {t}")
-            inputs, outputs = build(t)
-            for buf in outputs.values():
-                backend.poison(buf)
-            for key, value in spec["extra"][rank].items():
-                setattr(ctx, key, value)
-            backend.synchronize()
-            harness.Barrier()
-            time.sleep(spec["delays"][rank])
-            t_enter = time.monotonic()
-            call({**inputs, **outputs})
-            backend.synchronize()
-            t_exit = time.monotonic()
-            events.append({"t_enter": t_enter, "t_exit": t_exit})
-            save(out / cid / f"t{t}" / f"r{rank}", outputs)
-            harness.Barrier()
-
-        # 2. timing: warm-up, then barrier-aligned repetitions; some repetitions' results saved
-        times: list[float] = []
-        if job["reps"] > 0:  # at least job["reps"] repetitions, more while the budget lasts
-            status.update(phase=f"case {cid} timing")
-            inputs, outputs = build(0)
-            base = {name: backend.to_host(inputs[name]) for name in case["vary"]}
-            for key, value in case["trials"][0]["extra"][rank].items():
-                setattr(ctx, key, value)
-            for _ in range(job["warmup"]):
-                call({**inputs, **outputs})
-            backend.synchronize()
-            check_reps = set(job["check_reps"])
-            budget, max_reps = job["budget_s"], len(case["shifts"]) or job["max_reps"]
-            spent, rep = 0.0, 0
-            while True:
-                for name in case["vary"]:
-                    shift = np.asarray(case["shifts"][rep][rank], dtype=base[name].dtype)
-                    backend.copy_into(inputs[name], backend.from_host(base[name] + shift))
-                for buf in outputs.values():
-                    backend.poison(buf)
-                backend.synchronize()
-                harness.Barrier()
-                t0 = backend.clock()
-                call({**inputs, **outputs})
-                backend.synchronize()
-                times.append(backend.clock() - t0)
-                spent += times[-1]
-                rep += 1
-                # rank 0 decides for all: at least `reps`, then until the time budget is spent
-                more = rep < job["reps"] or (spent < budget and rep < max_reps)
-                more = harness.bcast(more, root=0)
-                if rep - 1 in check_reps or not more:
-                    save(out / cid / f"rep{rep - 1}" / f"r{rank}", outputs)
-                if not more:
-                    break
-        (out / cid).mkdir(parents=True, exist_ok=True)
-        (out / cid / f"events_r{rank}.json").write_text(json.dumps({"trials": events, "times": times}))
-
+                      params=case["params"], scratch=scratch)
+        CaseRunner(job, case, fn, ctx, backend, harness, rank, status).run()
     harness.Barrier()
     status.update(phase="done", done=True)
+
+
+class CaseRunner:
+    """One size/dtype: correctness trials, then warm-up and timed repetitions."""
+
+    def __init__(self, job, case, fn, ctx, backend, harness, rank, status) -> None:
+        self.job, self.case, self.fn, self.ctx = job, case, fn, ctx
+        self.backend, self.harness, self.rank, self.status = backend, harness, rank, status
+        self.io = Path(job["io"]) / case["id"]
+        self.out = Path(job["out"]) / case["id"]
+
+    def buffers(self, trial: int) -> tuple[dict, dict]:
+        spec = self.case["trials"][trial]
+        folder = self.io / f"t{trial}" / f"r{self.rank}"
+        b = self.backend
+        inputs = {p.stem: b.from_host(np.load(p)) for p in sorted(folder.glob("*.npy"))}
+        outputs = {name: b.empty(shape, dtype)
+                   for name, (shape, dtype) in spec["outputs"][self.rank].items()}
+        return inputs, outputs
+
+    def call(self, bufs: dict) -> None:
+        params = self.case["params"]
+        self.fn(self.ctx, *[bufs[a] if a in bufs else params[a] for a in self.case["args"]])
+
+    def save(self, folder: Path, outputs: dict) -> None:
+        folder.mkdir(parents=True, exist_ok=True)
+        for name, buf in outputs.items():
+            np.save(folder / f"{name}.npy", self.backend.to_host(buf))
+
+    def set_extra(self, trial: int) -> None:
+        for key, value in self.case["trials"][trial]["extra"][self.rank].items():
+            setattr(self.ctx, key, value)
+
+    def run(self) -> None:
+        events = self.trials()
+        times = self.timing() if self.job["reps"] > 0 else []
+        self.out.mkdir(parents=True, exist_ok=True)
+        (self.out / f"events_r{self.rank}.json").write_text(
+            json.dumps({"trials": events, "times": times}))
+
+    def trials(self) -> list[dict]:
+        """Correctness calls on fresh inputs, poisoned outputs, an optional delay before entry."""
+        b, events = self.backend, []
+        for t, spec in enumerate(self.case["trials"]):
+            self.status.update(phase=f"case {self.case['id']} trial {t}")
+            inputs, outputs = self.buffers(t)
+            for buf in outputs.values():
+                b.poison(buf)
+            self.set_extra(t)
+            b.synchronize()
+            self.harness.Barrier()
+            time.sleep(spec["delays"][self.rank])
+            t_enter = time.monotonic()
+            self.call({**inputs, **outputs})
+            b.synchronize()
+            events.append({"t_enter": t_enter, "t_exit": time.monotonic()})
+            self.save(self.out / f"t{t}" / f"r{self.rank}", outputs)
+            self.harness.Barrier()
+        return events
+
+    def timing(self) -> list[float]:
+        """Warm-up, then barrier-aligned repetitions: at least job["reps"], more while the time
+        budget lasts (rank 0 decides for all). Inputs named in `vary` shift every repetition;
+        the chosen repetitions' outputs and the last one's are saved for checking."""
+        job, case, b, rank = self.job, self.case, self.backend, self.rank
+        self.status.update(phase=f"case {case['id']} timing")
+        inputs, outputs = self.buffers(0)
+        base = {name: b.to_host(inputs[name]) for name in case["vary"]}
+        self.set_extra(0)
+        for _ in range(job["warmup"]):
+            self.call({**inputs, **outputs})
+        b.synchronize()
+        check_reps = set(job["check_reps"])
+        max_reps = len(case["shifts"]) or job["max_reps"]
+        times: list[float] = []
+        spent, rep, more = 0.0, 0, True
+        while more:
+            for name in case["vary"]:
+                shift = np.asarray(case["shifts"][rep][rank], dtype=base[name].dtype)
+                b.copy_into(inputs[name], b.from_host(base[name] + shift))
+            for buf in outputs.values():
+                b.poison(buf)
+            b.synchronize()
+            self.harness.Barrier()
+            t0 = b.clock()
+            self.call({**inputs, **outputs})
+            b.synchronize()
+            times.append(b.clock() - t0)
+            spent += times[-1]
+            rep += 1
+            more = rep < job["reps"] or (spent < job["budget_s"] and rep < max_reps)
+            more = self.harness.bcast(more, root=0)
+            if rep - 1 in check_reps or not more:
+                self.save(self.out / f"rep{rep - 1}" / f"r{rank}", outputs)
+        return times

@@ -1,0 +1,28 @@
+"""MoE expert-parallel combine: return the experts' rows to their tokens and sum them."""
+
+import numpy as np
+from mpi4py import MPI
+
+
+def moe_combine(ctx, y: np.ndarray, recv_src: np.ndarray, topk_idx: np.ndarray,
+                num_experts: int, out: np.ndarray) -> None:
+    comm: MPI.Comm = ctx.comm
+    # >>> COMMBENCH EDIT combine
+    # mutant: writes each returned row instead of accumulating: a token served by two ranks
+    # keeps only the last rank's row
+    world = comm.Get_size()
+    tokens, row = out.shape
+    per_rank = num_experts // world
+    hit = np.zeros((world, tokens), dtype=bool)
+    hit[topk_idx // per_rank, np.arange(tokens)[:, None]] = True
+    back_counts = hit.sum(axis=1)
+    send_counts = np.bincount(recv_src[:, 0], minlength=world)
+    back = np.empty((int(back_counts.sum()), row), dtype=out.dtype)
+    comm.Alltoallv([y, send_counts * row], [back, back_counts * row])
+    out.fill(0)
+    lo = 0
+    for d in range(world):
+        mine = np.flatnonzero(hit[d])
+        out[mine] = back[lo:lo + mine.size]
+        lo += mine.size
+    # <<< COMMBENCH EDIT

@@ -1,0 +1,67 @@
+"""Shared set-up for the plugin's own tests: a throw-away benchmark tree run through pytester."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+pytest_plugins = ["pytester"]
+
+REPO = Path(__file__).resolve().parent.parent
+TASK = "collective/ring_allreduce"
+# quick settings: the tests check the pipeline, not the numbers
+INI = """[pytest]
+commbench_runs_dir = runs
+commbench_rounds = 1
+commbench_reps = 3
+commbench_budget = 0
+commbench_warmup = 1
+"""
+
+
+class Bench:
+    """A benchmark tree inside a pytester directory: suites/, references/, fixture solutions."""
+
+    def __init__(self, pytester: pytest.Pytester) -> None:
+        self.pytester = pytester
+        self.root = pytester.path
+        (self.root / "pytest.ini").write_text(INI)
+
+    def add_task(self, relpath: str = TASK, ranks: int | None = 2, name: str | None = None) -> Path:
+        dst_rel = relpath if name is None else f"{Path(relpath).parent}/{name}"
+        suite = self.root / "suites" / dst_rel
+        shutil.copytree(REPO / "suites" / relpath, suite)
+        shutil.copytree(REPO / "references" / relpath, self.root / "references" / dst_rel)
+        if ranks is not None:
+            manifest = suite / "task.toml"
+            lines = [f"ranks = [{ranks}]" if line.startswith("ranks =") else line
+                     for line in manifest.read_text().splitlines()]
+            manifest.write_text("\n".join(lines) + "\n")
+        return suite
+
+    def solution_dir(self, case: str) -> Path:
+        return REPO / "fixtures" / "solutions" / case
+
+    def run(self, *args: str) -> pytest.RunResult:
+        return self.pytester.runpytest_subprocess("suites", "-p", "no:cacheprovider", *args)
+
+    def records(self) -> list[dict]:
+        """Result lines of every run in this tree, in order."""
+        out = []
+        for log in sorted((self.root / "runs").glob("*/results.jsonl")):
+            for line in log.read_text().splitlines():
+                entry = json.loads(line)
+                if entry["event"] == "result":
+                    out.append(entry)
+        return out
+
+    def verdicts(self) -> dict[str, str]:
+        return {r["nodeid"]: r["verdict"] for r in self.records()}
+
+
+@pytest.fixture
+def bench(pytester: pytest.Pytester) -> Bench:
+    return Bench(pytester)

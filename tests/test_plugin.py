@@ -1,0 +1,259 @@
+"""The plugin end to end through pytester: collection, verdicts, timing, reports."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+import xml.etree.ElementTree as ET
+
+import pytest
+
+NODE = "suites/collective/ring_allreduce/task.toml::ring_allreduce[np2]"
+
+
+def test_reference_passes_and_reports_scores(bench):
+    bench.add_task()
+    result = bench.run("--junitxml=out.xml")
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines([
+        "*commbench: model=reference platform=cpu seed=*",
+        "*commbench: model reference on cpu*",
+        "collective/ring_allreduce*2*pass*",
+        "Pass Rate 100.0% (1/1)*GM-Speedup*Pass x GM*",
+        "difficulty*tasks*pass*",
+        "category*", "library*",
+    ])
+    (record,) = bench.records()
+    assert record["verdict"] == "pass" and record["kind"] == "solution"
+    assert len(record["sizes"]) == 5 and all(s["speedup"] > 0 for s in record["sizes"])
+    assert record["fingerprint"]["platform"] == "cpu"
+    props = {p.get("name"): p.get("value")
+             for p in ET.parse(bench.root / "out.xml").iter("property")}
+    assert props["commbench.verdict"] == "pass"
+    assert "commbench.size.1001.float64.speedup" in props
+    assert "commbench.size.65537.float64.busbw_GB/s" in props
+
+
+def test_template_fails(bench):
+    bench.add_task()
+    result = bench.run("--commbench-model=template")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*verdict: runtime_error*", "*NotImplementedError*",
+                                 "Pass Rate 0.0% (0/1)*"])
+
+
+def test_mutants_are_each_an_item_and_all_rejected(bench):
+    bench.add_task()
+    result = bench.run("--commbench-model=mutants", "-v")
+    result.assert_outcomes(passed=3)
+    result.stdout.fnmatch_lines(["*np2-mutant-floor_chunks? PASSED*", "mutants rejected: 3/3"])
+
+
+def test_a_mutant_that_gets_through_fails_loudly(bench):
+    bench.add_task()
+    mutants = bench.root / "references" / "collective" / "ring_allreduce" / "mutants"
+    (mutants / "actually_right.py").write_text(
+        (bench.root / "references" / "collective" / "ring_allreduce" / "solution.py").read_text())
+    result = bench.run("--commbench-model=mutants", "-k", "actually_right")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*MUTANT SURVIVED*", "*SURVIVED:*actually_right*"])
+
+
+@pytest.mark.parametrize(
+    "case, verdict, needle",
+    [
+        ("wrong_rank0", "wrong_answer", "rank 1: output 'recvbuf'"),
+        ("tampered", "tampered", "outside the editable regions"),
+        ("forbidden", "forbidden", "Allreduce"),
+        ("syntax_error", "compile_error", "does not compile"),
+        ("raises", "runtime_error", "chunk bounds went negative"),
+        ("crash", "runtime_error", "rank 1 died"),
+        ("exit_early", "runtime_error", "died"),
+        ("cache", "wrong_answer", "timed repetition"),
+        ("reply_no_code", "no_solution", "no code between COMMBENCH EDIT markers"),
+    ],
+)
+def test_bad_solutions_get_their_verdict(bench, case, verdict, needle):
+    bench.add_task()
+    result = bench.run(f"--commbench-model=dir:{bench.solution_dir(case)}")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines([f"*verdict: {verdict}*"])
+    assert needle in result.stdout.str()
+    (record,) = bench.records()
+    assert record["verdict"] == verdict
+
+
+def test_printing_success_decides_nothing(bench):
+    bench.add_task()
+    result = bench.run(f"--commbench-model=dir:{bench.solution_dir('exit_early')}")
+    result.assert_outcomes(failed=1)
+    assert "ALL RESULTS CORRECT" in result.stdout.str()  # quoted in the report, not believed
+
+
+def test_a_reply_with_only_the_region_is_merged_and_passes(bench):
+    bench.add_task()
+    result = bench.run(f"--commbench-model=dir:{bench.solution_dir('reply_regions')}")
+    result.assert_outcomes(passed=1)
+
+
+def test_missing_solution_is_no_solution(bench, tmp_path):
+    bench.add_task()
+    result = bench.run(f"--commbench-model=dir:{tmp_path / 'empty'}")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*verdict: no_solution*"])
+
+
+def test_a_slower_solution_gets_a_speedup_below_one(bench):
+    bench.add_task()
+    result = bench.run(f"--commbench-model=dir:{bench.solution_dir('slow')}",
+                       "--commbench-reps=5")
+    result.assert_outcomes(passed=1)
+    (record,) = bench.records()
+    # the slow solution sleeps 3 ms per call; the reference needs far less at most sizes
+    assert record["speedup"] < 0.5
+    assert sorted(s["speedup"] for s in record["sizes"])[2] < 0.7  # the median size
+    assert record["band"] == "Severely degraded"
+
+
+def _rank_processes(root):
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                cmd = open(f"/proc/{entry}/cmdline", "rb").read()
+            except OSError:
+                continue
+            if b"pytest_commbench.rank" in cmd and str(root).encode() in cmd:
+                found.append(int(entry))
+    return found
+
+
+def test_a_hanging_rank_is_killed_and_the_next_item_runs(bench):
+    bench.add_task()
+    bench.add_task(name="ring_allreduce_after")  # runs after the hang, must pass
+    hang = bench.root / "hang"
+    src = bench.solution_dir("hang") / "collective" / "ring_allreduce" / "solution.py"
+    (hang / "collective" / "ring_allreduce").mkdir(parents=True)
+    (hang / "collective" / "ring_allreduce" / "solution.py").write_text(src.read_text())
+    ref = bench.root / "references" / "collective" / "ring_allreduce_after" / "solution.py"
+    (hang / "collective" / "ring_allreduce_after").mkdir(parents=True)
+    (hang / "collective" / "ring_allreduce_after" / "solution.py").write_text(ref.read_text())
+    start = time.monotonic()
+    result = bench.run(f"--commbench-model=dir:{hang}", "--commbench-timeout=5", "-p", "no:randomly")
+    elapsed = time.monotonic() - start
+    result.assert_outcomes(failed=1, passed=1)
+    result.stdout.fnmatch_lines(["*verdict: timeout*", "*did not finish within 5 s*"])
+    verdicts = bench.verdicts()
+    assert verdicts[NODE] == "timeout"
+    assert verdicts["suites/collective/ring_allreduce_after/task.toml::ring_allreduce_after[np2]"] == "pass"
+    (timed_out,) = [r for r in bench.records() if r["verdict"] == "timeout"]
+    assert timed_out["duration_s"] < 5 + 10
+    assert elapsed < 5 + 10 + 60
+    assert _rank_processes(bench.root) == []
+
+
+def test_malformed_manifest_is_a_collection_error_naming_file_and_key(bench):
+    suite = bench.add_task()
+    manifest = suite / "task.toml"
+    manifest.write_text(manifest.read_text().replace('difficulty = "medium"', 'difficulty = "tough"'))
+    result = bench.run()
+    result.assert_outcomes(errors=1)
+    result.stdout.fnmatch_lines(["*task.toml: key 'difficulty': 'tough' is not one of easy, medium, hard*"])
+    assert "Traceback" not in result.stdout.str()
+
+
+def test_selection_by_keyword_and_marker(bench):
+    bench.add_task()
+    bench.add_task("utility/dissemination_barrier")
+    result = bench.run("--collect-only", "-q", "-m", "category_utility")
+    result.stdout.fnmatch_lines(["*1/2 tests collected (1 deselected)*"])
+    assert "suites/utility/dissemination_barrier/task.toml::dissemination_barrier[np2]" in result.stdout.lines
+    result = bench.run("--collect-only", "-q", "-k", "ring_allreduce")
+    result.stdout.fnmatch_lines(["*1/2 tests collected (1 deselected)*"])
+    assert NODE in result.stdout.lines
+    result = bench.run("--collect-only", "-q", "-m", "difficulty_medium and library_mpi")
+    result.stdout.fnmatch_lines(["*2 tests collected*"])
+
+
+def test_a_node_id_selects_one_item(bench):
+    bench.add_task()
+    bench.add_task("utility/dissemination_barrier")
+    result = bench.pytester.runpytest_subprocess(NODE, "--collect-only", "-q")
+    result.stdout.fnmatch_lines(["*1 test collected*"])
+    assert NODE in result.stdout.lines
+
+
+def test_platform_that_cannot_run_a_task_skips_it_with_the_reason(bench):
+    suite = bench.add_task()
+    manifest = suite / "task.toml"
+    manifest.write_text(manifest.read_text().replace('platforms = ["cpu"]', 'platforms = ["h200"]'))
+    result = bench.run("-rs")
+    result.assert_outcomes(skipped=1)
+    result.stdout.fnmatch_lines(["*task runs on h200, not on platform cpu*"])
+
+
+def test_xdist_gives_the_same_verdicts_as_a_serial_run(bench):
+    pytest.importorskip("xdist")
+    bench.add_task()
+    bench.add_task("utility/dissemination_barrier")
+    serial = bench.run("--commbench-model=mutants", "--commbench-seed=7")
+    serial.assert_outcomes(passed=6)
+    first = bench.verdicts()
+    for log in (bench.root / "runs").glob("*/results.jsonl"):
+        log.unlink()
+    parallel = bench.run("--commbench-model=mutants", "--commbench-seed=7", "-n", "2")
+    parallel.assert_outcomes(passed=6)
+    parallel.stdout.fnmatch_lines(["*commbench: model mutants on cpu*", "mutants rejected: 6/6"])
+    assert bench.verdicts() == first
+
+
+def test_the_seed_reproduces_the_inputs(bench):
+    bench.add_task()
+    bench.run("--commbench-seed=1234", "--commbench-keep").assert_outcomes(passed=1)
+    bench.run("--commbench-seed=1234", "--commbench-keep").assert_outcomes(passed=1)
+    runs = sorted((bench.root / "runs").iterdir())
+    inputs = [sorted((r / "work").rglob("io/c2/t0/r1/sendbuf.npy"))[0].read_bytes() for r in runs]
+    assert inputs[0] == inputs[1]
+    other = bench.run("--commbench-seed=1235", "--commbench-keep")
+    other.assert_outcomes(passed=1)
+    new = [r for r in sorted((bench.root / "runs").iterdir()) if r not in runs][0]
+    assert sorted((new / "work").rglob("io/c2/t0/r1/sendbuf.npy"))[0].read_bytes() != inputs[0]
+
+
+def test_results_log_has_started_and_result_lines_and_the_report_command_reads_it(bench):
+    bench.add_task()
+    bench.run()
+    (log,) = (bench.root / "runs").glob("*/results.jsonl")
+    events = [line.split('"event": ')[1].split('"')[1] for line in log.read_text().splitlines()]
+    assert events == ["started", "result"]
+    result = bench.pytester.run(sys.executable, "-m", "pytest_commbench.cli", "report",
+                                str(bench.root / "runs"))
+    assert result.ret == 0
+    result.stdout.fnmatch_lines(["*commbench: model reference*", "Pass Rate 100.0% (1/1)*"])
+
+
+def test_an_item_that_never_finished_shows_as_aborted(tmp_path):
+    from pytest_commbench.results import ResultsLog, load
+
+    log = ResultsLog(tmp_path / "results.jsonl")
+    log.write({"event": "started", "nodeid": "a"})
+    log.write({"event": "started", "nodeid": "b"})
+    log.write({"event": "result", "nodeid": "b", "verdict": "pass"})
+    with open(log.path, "a") as f:
+        f.write('{"event": "result", "nodeid": "c", "verd')  # cut short by a crash
+    verdicts = {r["nodeid"]: r["verdict"] for r in load(log.path)}
+    assert verdicts == {"a": "aborted", "b": "pass"}
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--commbench-model=nobody"], "unknown model 'nobody'"),
+    (["--platform=abacus"], "unknown platform 'abacus'"),
+    (["--commbench-seed=abc"], "expected an integer"),
+    (["--commbench-timeout=0"], "expected seconds > 0"),
+])
+def test_bad_options_are_usage_errors(bench, args, message):
+    bench.add_task()
+    result = bench.run(*args)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    assert message in result.stderr.str()

@@ -1,0 +1,73 @@
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from pytest_commbench import scoring, timing
+
+
+def rec(verdict, speedup=None, **kw):
+    return {"verdict": verdict, "speedup": speedup, "kind": "solution", **kw}
+
+
+@pytest.mark.parametrize("s, band", [(1.2, "Better"), (1.19, "Comparable"), (0.95, "Comparable"),
+                                     (0.949, "Degraded"), (0.6, "Degraded"),
+                                     (0.59, "Severely degraded"), (None, "")])
+def test_bands_follow_the_paper(s, band):
+    assert scoring.band(s) == band
+
+
+def test_scores_on_a_known_mix():
+    records = [rec("pass", 2.0), rec("pass", 0.5), rec("pass", 1.0), rec("wrong_answer"),
+               rec("timeout"), rec("skipped"), rec("infra_error"),
+               {"verdict": "pass", "speedup": 9.0, "kind": "mutant"}]
+    s = scoring.score(records)
+    assert s.applicable == 5 and s.passes == 3 and s.not_applicable == 2
+    assert s.pass_rate == pytest.approx(0.6)
+    assert s.pass_good == pytest.approx(2 / 5)  # 2.0 and 1.0 are >= 0.95
+    assert s.gm_speedup == pytest.approx(1.0)  # (2 * 0.5 * 1) ** (1/3)
+    assert s.pass_x_gm == pytest.approx(0.6)
+
+
+def test_no_applicable_tasks_gives_no_numbers():
+    s = scoring.score([rec("skipped")])
+    assert s.pass_rate is None and s.gm_speedup is None and s.pass_x_gm is None
+
+
+def test_breakdown_groups_by_key():
+    groups = dict(scoring.breakdown([rec("pass", 1.0, difficulty="easy"),
+                                     rec("wrong_answer", difficulty="hard")], "difficulty"))
+    assert groups["easy"].pass_rate == 1.0 and groups["hard"].pass_rate == 0.0
+
+
+def test_pass_at_k_matches_the_unbiased_estimator():
+    assert scoring.pass_at_k(10, 0, 1) == 0.0
+    assert scoring.pass_at_k(10, 10, 5) == 1.0
+    assert scoring.pass_at_k(10, 3, 1) == pytest.approx(0.3)
+    assert scoring.pass_at_k(5, 2, 2) == pytest.approx(1 - math.comb(3, 2) / math.comb(5, 2))
+
+
+def test_stats_median_and_spread():
+    st = timing.summarize([1.0, 2.0, 3.0, 4.0, 100.0])
+    assert st.median == 3.0 and st.n == 5 and st.min == 1.0
+    assert st.spread == pytest.approx((4.0 - 2.0) / 3.0)
+
+
+def test_max_over_ranks_takes_the_slowest_rank_per_repetition():
+    assert timing.max_over_ranks([[1, 5, 2], [3, 1, 2]]) == [3, 5, 2]
+    with pytest.raises(ValueError):
+        timing.max_over_ranks([[1, 2], [1]])
+
+
+def test_speedup_is_reference_time_over_solution_time():
+    fast, slow = timing.summarize([1.0]), timing.summarize([2.0])
+    assert timing.speedup(ref=slow, sol=fast) == 2.0
+    assert timing.speedup(ref=fast, sol=slow) == 0.5
+
+
+def test_bus_bandwidth_the_nccl_tests_way():
+    # 1 GB all-reduce over 4 ranks in 1 s: algbw 1 GB/s, busbw 2*(4-1)/4 = 1.5 GB/s
+    assert timing.metric_value(1.0, 10**9, 1.5, "busbw", "GB/s") == pytest.approx(1.5)
+    assert timing.metric_value(1.0, 10**9, 1.5, "algbw", "GB/s") == pytest.approx(1.0)
+    assert timing.metric_value(2e-6, 0, 1.0, "none", "us") == pytest.approx(2.0)
