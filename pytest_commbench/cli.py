@@ -2,6 +2,7 @@
 
     commbench report .commbench/runs/<run>/results.jsonl [more logs ...]
     commbench report .commbench/runs            (the newest run in that folder)
+    commbench markdown RUN --section NAME --title TITLE --command CMD [--out BENCHMARKS.md]
     commbench tasks [suites]
 """
 
@@ -55,6 +56,60 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def markdown_section(records: list[dict], title: str, command: str) -> str:
+    """A BENCHMARKS.md section: what, where, the command, and the numbers from the log."""
+    fp = next((r.get("fingerprint") for r in records if r.get("fingerprint")), {}) or {}
+    lines = [f"## {title}", ""]
+    lines.append("Hardware and software: " + ", ".join(f"{k} {v}" for k, v in sorted(fp.items())))
+    run = next((r.get("run") for r in records if r.get("run")), "?")
+    seed = next((r.get("seed") for r in records if r.get("seed") is not None), "?")
+    lines += [f"Run {run}, seed {seed}.", "", "Command:", "", "```", command, "```", ""]
+    out: list[str] = []
+    render(records, out.append, lambda sep, text: out.append(f"### {text}"),
+           header="results")
+    body = [x for x in out if not x.startswith("### ")]
+    lines += ["```", *body, "```", ""]
+    sizes = []
+    for r in sorted(records, key=lambda r: r["nodeid"]):
+        for s in r.get("sizes", []):
+            sizes.append([r["task"], r.get("world"), s["count"], s["dtype"],
+                          f"{s['t_ref_us']:.1f}", f"{s['t_sol_us']:.1f}",
+                          f"{100 * s['spread_sol']:.0f}%",
+                          "-" if s.get("value_sol") is None else f"{s['value_sol']:.3g} {s['unit']}",
+                          f"{s['speedup']:.3f}"])
+    if sizes:
+        lines += ["Per size (median times over all timed repetitions, spread = IQR / median):", ""]
+        lines.append(tabulate(sizes, headers=["task", "np", "count", "dtype", "ref us", "sol us",
+                                              "spread", "metric (sol)", "speedup"],
+                              tablefmt="github"))
+        lines.append("")
+    return "\n".join(lines)
+
+
+def write_section(path: Path, name: str, text: str) -> None:
+    """Replace (or append) the section between <!-- commbench:NAME --> markers."""
+    begin, end = f"<!-- commbench:{name} -->", f"<!-- /commbench:{name} -->"
+    old = path.read_text() if path.exists() else "# Benchmarks\n\nEvery section below is " \
+        "written by `commbench markdown` from the results log of the command it shows.\n"
+    block = f"{begin}\n{text}\n{end}"
+    if begin in old and end in old:
+        new = old[: old.index(begin)] + block + old[old.index(end) + len(end):]
+    else:
+        new = old.rstrip("\n") + "\n\n" + block + "\n"
+    path.write_text(new)
+
+
+def cmd_markdown(args: argparse.Namespace) -> int:
+    logs = _logs(Path(args.run))
+    if not logs:
+        print(f"commbench: no results log at {args.run}", file=sys.stderr)
+        return 2
+    records = [r for log in logs for r in load(log)]
+    write_section(Path(args.out), args.section, markdown_section(records, args.title, args.command))
+    print(f"commbench: wrote section {args.section!r} of {args.out}")
+    return 0
+
+
 def cmd_tasks(args: argparse.Namespace) -> int:
     root = Path(args.suites)
     rows, bad = [], 0
@@ -79,6 +134,13 @@ def main(argv: list[str] | None = None) -> int:
     rep = sub.add_parser("report", help="scores and tables from results logs")
     rep.add_argument("paths", nargs="+", help="results.jsonl files, run folders or runs folders")
     rep.set_defaults(func=cmd_report)
+    md = sub.add_parser("markdown", help="write a run's figures into a section of BENCHMARKS.md")
+    md.add_argument("run", help="results.jsonl, a run folder or a runs folder (newest run)")
+    md.add_argument("--out", default="BENCHMARKS.md")
+    md.add_argument("--section", required=True, help="section name (replaced if present)")
+    md.add_argument("--title", required=True)
+    md.add_argument("--command", required=True, help="the command that produced the run")
+    md.set_defaults(func=cmd_markdown)
     tsk = sub.add_parser("tasks", help="list the tasks of a suites folder")
     tsk.add_argument("suites", nargs="?", default="suites")
     tsk.set_defaults(func=cmd_tasks)

@@ -87,7 +87,7 @@ class Op:
     #: inputs shifted by a different integer in every timed repetition, so a solution that
     #: caches its first answer is caught by the check of the timed results
     vary: tuple[str, ...] = ()
-    #: nccl-tests bus-bandwidth factor as a function of the world size
+    #: pure data movement: compare bit for bit, whatever the manifest's tolerances say
     exact = False
 
     def args(self, params: dict[str, Any]) -> list[str]:
