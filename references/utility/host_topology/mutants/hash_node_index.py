@@ -1,0 +1,20 @@
+"""Node-local topology of ctx.comm, from the host every rank runs on."""
+
+import numpy as np
+from mpi4py import MPI
+
+
+def host_topology(ctx, topo: np.ndarray) -> None:
+    comm: MPI.Comm = ctx.comm
+    # >>> COMMBENCH EDIT host_topology
+    # mutant: node index from a hash of the host name: the same on every rank, but not
+    # numbered by lowest rank (and two hosts may collide)
+    import zlib
+
+    world, rank = comm.Get_size(), comm.Get_rank()
+    hosts = comm.allgather(ctx.hostname)
+    me = hosts[rank]
+    peers = [r for r in range(world) if hosts[r] == me]
+    node_index = zlib.crc32(me.encode()) % len(set(hosts))
+    topo[:] = (peers.index(rank), len(peers), node_index, peers[0])
+    # <<< COMMBENCH EDIT
