@@ -150,7 +150,10 @@ def _run(task, world, candidate, platform, settings, record) -> None:
     rounds = settings.rounds if timed else 1
     outputs = []
     for rnd in range(rounds):
+        # ABBA order (ref, sol, sol, ref, ...): a drift over the item's time cancels out
         jobs = [("ref", ref_artifact.path), ("sol", artifact.path)] if timed else [("sol", artifact.path)]
+        if rnd % 2:
+            jobs.reverse()
         for who, path in jobs:
             job_dir = settings.work / f"{who}{rnd}"
             outcome = _run_job(task, world, platform, path, cases, io, job_dir, check_reps,
