@@ -8,7 +8,11 @@ the hash of the source and the recipe.
 from __future__ import annotations
 
 import ast
+import functools
 import hashlib
+import os
+import re
+import subprocess
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
 from pathlib import Path
@@ -85,4 +89,137 @@ def build_python(task: Task, source: str, cache_dir: Path) -> Artifact:
     return Artifact(path, key)
 
 
-RECIPES = {"python": build_python}
+
+
+# -- CUDA C++ -----------------------------------------------------------------------------
+
+CUDA_RECIPE_VERSION = "cu-1"
+INCLUDE_DIR = Path(__file__).parent / "include"
+COMPILE_TIMEOUT_S = 300
+
+
+@dataclass(frozen=True)
+class CudaLibs:
+    """Where NCCL and NVSHMEM headers and libraries are: the nvidia-* Python packages first,
+    then the system."""
+
+    nccl_include: Path | None
+    nccl_lib: Path | None
+    nccl_version: str
+    nvshmem_include: Path | None
+    nvshmem_lib: Path | None
+    nvshmem_version: str
+
+
+def _package_dir(name: str) -> Path | None:
+    try:
+        import importlib.util
+
+        spec = importlib.util.find_spec(f"nvidia.{name}")
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(list(spec.submodule_search_locations)[0])
+
+
+def _define(header: Path, names: list[str]) -> str:
+    try:
+        text = header.read_text(errors="replace")
+    except OSError:
+        return "unknown"
+    parts = []
+    for n in names:
+        m = re.search(rf"#define\s+{n}\s+(\d+)", text)
+        parts.append(m.group(1) if m else "?")
+    return ".".join(parts)
+
+
+@functools.lru_cache(maxsize=1)
+def find_cuda_libs() -> CudaLibs:
+    nccl = _package_dir("nccl")
+    nccl_inc = nccl / "include" if nccl and (nccl / "include" / "nccl.h").exists() else None
+    if nccl_inc is None and Path("/usr/include/nccl.h").exists():
+        nccl_inc = Path("/usr/include")
+    nccl_lib = nccl / "lib" if nccl and (nccl / "lib").is_dir() else None
+    shmem = _package_dir("nvshmem")
+    shmem_inc = shmem / "include" if shmem and (shmem / "include").is_dir() else None
+    shmem_lib = shmem / "lib" if shmem and (shmem / "lib").is_dir() else None
+    return CudaLibs(
+        nccl_inc, nccl_lib,
+        _define(nccl_inc / "nccl.h", ["NCCL_MAJOR", "NCCL_MINOR", "NCCL_PATCH"]) if nccl_inc else "none",
+        shmem_inc, shmem_lib,
+        _define(shmem_inc / "non_abi" / "nvshmem_version.h",
+                ["NVSHMEM_VENDOR_MAJOR_VERSION", "NVSHMEM_VENDOR_MINOR_VERSION",
+                 "NVSHMEM_VENDOR_PATCH_VERSION"]) if shmem_inc else "none",
+    )
+
+
+def cuda_command(task: Task, source: Path, output: Path, arch: str) -> list[str]:
+    """The hidden recipe: flags, include and library paths are the harness's, never the model's."""
+    libs = find_cuda_libs()
+    uses = {task.library, *task.requires}
+    cmd = [os.environ.get("COMMBENCH_NVCC", "nvcc"), "-O3", "-std=c++17", f"-arch={arch}",
+           "-Xcompiler", "-fPIC", "-shared", "-cudart", "shared", "-lineinfo",
+           "-I", str(INCLUDE_DIR)]
+    if libs.nccl_include:
+        cmd += ["-I", str(libs.nccl_include)]
+    if libs.nvshmem_include:
+        cmd += ["-I", str(libs.nvshmem_include)]
+    if "nvshmem" in uses:
+        cmd += ["-rdc=true"]
+    cmd += ["-o", str(output), str(source)]
+    if uses & {"nccl", "nccl-device"} and libs.nccl_lib:
+        cmd += ["-L", str(libs.nccl_lib), "-l:libnccl.so.2", f"-Xlinker=-rpath={libs.nccl_lib}"]
+    if "nvshmem" in uses and libs.nvshmem_lib:
+        cmd += ["-L", str(libs.nvshmem_lib), "-l:libnvshmem_host.so.3", "-lnvshmem_device",
+                f"-Xlinker=-rpath={libs.nvshmem_lib}"]
+    cmd += ["-lcuda"]
+    return cmd
+
+
+def linked_names(lib: Path) -> set[str]:
+    """Undefined dynamic symbols and NEEDED libraries of a built shared object."""
+    names: set[str] = set()
+    nm = subprocess.run(["nm", "-D", "--undefined-only", str(lib)], capture_output=True,
+                        text=True, timeout=60)
+    for line in nm.stdout.splitlines():
+        parts = line.split()
+        if parts:
+            names.add(parts[-1].split("@")[0])
+    elf = subprocess.run(["readelf", "-d", str(lib)], capture_output=True, text=True, timeout=60)
+    names.update(re.findall(r"\(NEEDED\)\s+Shared library: \[([^\]]+)\]", elf.stdout))
+    return names
+
+
+def build_cuda(task: Task, source: str, cache_dir: Path, arch: str) -> Artifact:
+    header = (INCLUDE_DIR / "commbench.h").read_text()
+    key = digest(CUDA_RECIPE_VERSION, arch, task.relpath, task.library, *task.requires, header,
+                 source)
+    folder = cache_dir / key
+    lib = folder / "libsolution.so"
+    if not lib.exists():
+        folder.mkdir(parents=True, exist_ok=True)
+        src = folder / "solution.cu"
+        src.write_text(source)
+        tmp = folder / f"libsolution.{os.getpid()}.so"
+        try:
+            done = subprocess.run(cuda_command(task, src, tmp, arch), capture_output=True,
+                                  text=True, timeout=COMPILE_TIMEOUT_S, cwd=folder)
+        except subprocess.TimeoutExpired:
+            raise Rejected(Verdict.COMPILE_ERROR,
+                           f"the compiler ran past {COMPILE_TIMEOUT_S} s") from None
+        except FileNotFoundError as exc:
+            raise Rejected(Verdict.INFRA_ERROR, f"no compiler: {exc}") from None
+        if done.returncode != 0:
+            message = (done.stderr or done.stdout).strip()
+            first = next((x for x in message.splitlines() if "error" in x), message[:200])
+            raise Rejected(Verdict.COMPILE_ERROR, f"the solution does not compile: {first}",
+                           message[-6000:])
+        tmp.replace(lib)
+    bad = forbidden_uses(linked_names(lib), task.forbid)
+    if bad:
+        raise Rejected(Verdict.FORBIDDEN,
+                       f"the built solution links what this task forbids: {', '.join(bad)}",
+                       f"forbidden patterns: {', '.join(task.forbid)}")
+    return Artifact(lib, key)

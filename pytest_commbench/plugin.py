@@ -7,12 +7,12 @@ import pytest
 from . import hookspecs
 from .items import TaskManifest, is_manifest, record_from_report
 from .models.builtin import BUILTIN_NAMES, make_builtin
-from .platforms import BUILTIN as BUILTIN_PLATFORMS
+from .platforms import make as make_platform
 from .report import render
 from .session import STATE, create
 
 MODEL_DESC = "where solutions come from: reference, template, mutants, dir:PATH or a registered model"
-PLATFORM_DESC = "platform to run on: auto (default), cpu, or a registered platform"
+PLATFORM_DESC = "platform to run on: auto (default), cpu, h200, b300, gh200, mi325x or a registered one"
 SEED_DESC = "secret seed of the random inputs (default: a fresh one per run, printed)"
 TIMEOUT_DESC = "per-job deadline in seconds (default: the task manifest's timeout)"
 RUNS_DESC = "where result logs and scratch directories go (default .commbench/runs)"
@@ -92,8 +92,7 @@ def pytest_commbench_make_model(config, name):
 
 @pytest.hookimpl(trylast=True)
 def pytest_commbench_make_platform(config, name):
-    cls = BUILTIN_PLATFORMS.get(name)
-    return cls() if cls else None
+    return make_platform(name)
 
 
 def pytest_commbench_model_names(config):

@@ -189,6 +189,9 @@ def _job_spec(task, cases, io, out, scratch, path, check_reps, settings, backend
     return {
         "solution": str(path),
         "entry": task.entry,
+        "language": task.language,
+        "fixtures": list(task.fixtures),
+        "workspace_bytes": task.workspace,
         "backend": backend,
         "io": str(io),
         "out": str(out),
@@ -238,7 +241,8 @@ def _run_job(task, world, platform, path, cases, io, job_dir, check_reps, settin
                 pass  # being rewritten right now
         return False
 
-    result = run_job(platform.launch_argv(world, job_file), job_dir, deadline, env=mpi_env(),
+    env = {**mpi_env(), **platform.env()}
+    result = run_job(platform.launch_argv(world, job_file), job_dir, deadline, env=env,
                      failed=rank_failed)
     return _job_outcome(result, out, world, deadline)
 

@@ -89,10 +89,10 @@ def _make(config: pytest.Config, kind: str, name: str):
                      for n in group]
             raise pytest.UsageError(
                 f"--commbench-model: unknown model {name!r} (known: {', '.join(names)})")
-        from .platforms import BUILTIN
+        from .platforms import NAMES
 
         raise pytest.UsageError(
-            f"--platform: unknown platform {name!r} (known: auto, {', '.join(sorted(BUILTIN))})")
+            f"--platform: unknown platform {name!r} (known: auto, {', '.join(NAMES)})")
     return obj
 
 

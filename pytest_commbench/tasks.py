@@ -29,6 +29,8 @@ LANGUAGES = {"python": ".py", "cuda": ".cu", "c++": ".cpp", "c": ".c"}
 BETTER = ("higher", "lower")
 # how bytes are counted for bandwidth metrics, as nccl-tests does
 BYTES_RULES = ("busbw", "algbw", "none")
+# what the harness sets up for a solution before the first call (see rank/gpu.py)
+FIXTURES = ("nccl", "ipc", "nvshmem")
 DTYPES = ("float64", "float32", "float16", "bfloat16", "int64", "int32", "int8", "uint8")
 
 
@@ -78,6 +80,8 @@ class Task:
     timeout: float
     sizes: tuple[int, ...]
     forbid: tuple[str, ...]
+    fixtures: tuple[str, ...]
+    workspace: int  # bytes of IPC-shared device workspace per rank (0: none)
     check: CheckSpec
     metric: MetricSpec
     template: Path
@@ -107,7 +111,7 @@ class Task:
 _TOP_KEYS = {
     "title", "category", "library", "difficulty", "setup", "language", "entry", "platforms",
     "vendors", "ranks", "requires", "timeout", "sizes", "forbid", "check", "metric", "template",
-    "prompt",
+    "prompt", "fixtures", "workspace",
 }
 _CHECK_KEYS = {"op", "dtypes", "rtol", "atol", "params", "trials"}
 _METRIC_KEYS = {"name", "unit", "better", "bytes"}
@@ -166,6 +170,13 @@ def _kind_name(kind: type | tuple[type, ...]) -> str:
     kinds = kind if isinstance(kind, tuple) else (kind,)
     names = {int: "an integer", float: "a number", str: "a string", list: "a list", dict: "a table"}
     return " or ".join(names.get(k, k.__name__) for k in kinds)
+
+
+def _workspace(top: _Reader) -> int:
+    value = top.get("workspace", int, 0)
+    if value < 0 or value > 1 << 34:
+        raise top.fail("workspace", "bytes must be between 0 and 16 GiB")
+    return value
 
 
 def load_task(manifest: Path, suites_root: Path) -> Task:
@@ -249,6 +260,8 @@ def load_task(manifest: Path, suites_root: Path) -> Task:
         timeout=float(timeout),
         sizes=top.ints("sizes", 0),
         forbid=top.strings("forbid", ()),
+        fixtures=top.strings("fixtures", (), FIXTURES),
+        workspace=_workspace(top),
         check=check,
         metric=metric,
         template=template,

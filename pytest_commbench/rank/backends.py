@@ -27,7 +27,7 @@ class HostBackend:
     def from_host(self, array: np.ndarray) -> np.ndarray:
         return np.array(array, copy=True)
 
-    def copy_into(self, dst: np.ndarray, src: np.ndarray) -> None:
+    def upload(self, dst: np.ndarray, src: np.ndarray) -> None:
         np.copyto(dst, src)
 
     def to_host(self, buf: np.ndarray) -> np.ndarray:
@@ -43,4 +43,9 @@ class HostBackend:
         return time.perf_counter()
 
 
-BACKENDS = {"cpu": HostBackend}
+def make_backend(name: str):
+    if name == "cuda":
+        from .gpu import CudaBackend  # imports cupy: only where there is a GPU
+
+        return CudaBackend()
+    return HostBackend()

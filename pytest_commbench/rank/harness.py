@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from .backends import BACKENDS
+from .backends import make_backend
 
 
 class Status:
@@ -76,18 +76,32 @@ def main(argv: list[str]) -> int:
 
 
 def run(job: dict, world, rank: int, size: int, status: Status) -> None:
-    backend = BACKENDS[job.get("backend", "cpu")]()
+    backend = make_backend(job.get("backend", "cpu"))
     harness = world.Dup()  # the harness's own messages never mix with the solution's
     solution_comm = world.Dup()
     scratch = Path(job["scratch"]) / f"r{rank}"
     scratch.mkdir(parents=True, exist_ok=True)
+    extra: dict[str, Any] = {}
+    gpu = None
+    if backend.name == "cuda":
+        from .gpu import GpuWorld
 
-    status.update(phase="import solution")
-    fn = load_solution(job["solution"], job["entry"])
+        status.update(phase="set up the GPU world")
+        gpu = GpuWorld(job, world, harness, rank, size)
+        extra = {"device": gpu.device, "local_rank": gpu.local_rank, "stream": gpu.stream,
+                 "nccl": gpu.nccl}
+
+    status.update(phase="load solution")
+    if job.get("language") == "cuda":
+        from .gpu import NativeSolution
+
+        fn = NativeSolution(job["solution"], gpu, "ipc" in job.get("fixtures", []))
+    else:
+        fn = load_solution(job["solution"], job["entry"])
     hostname = socket.gethostname()
     for case in job["cases"]:
         ctx = Context(comm=solution_comm, rank=rank, world_size=size, hostname=hostname,
-                      params=case["params"], scratch=scratch)
+                      params=case["params"], scratch=scratch, **extra)
         CaseRunner(job, case, fn, ctx, backend, harness, rank, status).run()
     harness.Barrier()
     status.update(phase="done", done=True)
@@ -111,9 +125,22 @@ class CaseRunner:
                    for name, (shape, dtype) in spec["outputs"][self.rank].items()}
         return inputs, outputs
 
-    def call(self, bufs: dict) -> None:
+    def bind(self, bufs: dict) -> None:
+        """Resolve the call's arguments (outside any timed region); a compiled solution gets
+        its C context filled here, peers' buffers mapped through CUDA IPC included."""
         params = self.case["params"]
-        self.fn(self.ctx, *[bufs[a] if a in bufs else params[a] for a in self.case["args"]])
+        extra = {k: getattr(self.ctx, k) for k in self.case["args"] if hasattr(self.ctx, k)}
+        self.args = [bufs[a] if a in bufs else extra[a] if a in extra else params[a]
+                     for a in self.case["args"]]
+        if hasattr(self.fn, "prepare"):
+            self.fn.prepare([a for a in self.args if hasattr(a, "nbytes")],
+                            [a for a in self.args if not hasattr(a, "nbytes")])
+
+    def call(self) -> None:
+        if hasattr(self.fn, "prepare"):
+            self.fn()
+        else:
+            self.fn(self.ctx, *self.args)
 
     def save(self, folder: Path, outputs: dict) -> None:
         folder.mkdir(parents=True, exist_ok=True)
@@ -140,28 +167,34 @@ class CaseRunner:
             for buf in outputs.values():
                 b.poison(buf)
             self.set_extra(t)
+            self.bind({**inputs, **outputs})
             b.synchronize()
             self.harness.Barrier()
             time.sleep(spec["delays"][self.rank])
             t_enter = time.monotonic()
-            self.call({**inputs, **outputs})
+            self.call()
             b.synchronize()
             events.append({"t_enter": t_enter, "t_exit": time.monotonic()})
-            self.save(self.out / f"t{t}" / f"r{self.rank}", outputs)
+            # peers may write into this rank's outputs (CUDA IPC): read them only after every
+            # rank's call has finished
             self.harness.Barrier()
+            self.save(self.out / f"t{t}" / f"r{self.rank}", outputs)
         return events
 
     def timing(self) -> list[float]:
         """Warm-up, then barrier-aligned repetitions: at least job["reps"], more while the time
         budget lasts (rank 0 decides for all). Inputs named in `vary` shift every repetition;
         the chosen repetitions' outputs and the last one's are saved for checking."""
+        from mpi4py import MPI
+
         job, case, b, rank = self.job, self.case, self.backend, self.rank
         self.status.update(phase=f"case {case['id']} timing")
         inputs, outputs = self.buffers(0)
         base = {name: b.to_host(inputs[name]) for name in case["vary"]}
         self.set_extra(0)
+        self.bind({**inputs, **outputs})
         for _ in range(job["warmup"]):
-            self.call({**inputs, **outputs})
+            self.call()
         b.synchronize()
         check_reps = set(job["check_reps"])
         max_reps = len(case["shifts"]) or job["max_reps"]
@@ -170,19 +203,21 @@ class CaseRunner:
         while more:
             for name in case["vary"]:
                 shift = np.asarray(case["shifts"][rep][rank], dtype=base[name].dtype)
-                b.copy_into(inputs[name], b.from_host(base[name] + shift))
+                b.upload(inputs[name], base[name] + shift)
             for buf in outputs.values():
                 b.poison(buf)
             b.synchronize()
             self.harness.Barrier()
             t0 = b.clock()
-            self.call({**inputs, **outputs})
+            self.call()
             b.synchronize()
             times.append(b.clock() - t0)
             spent += times[-1]
             rep += 1
             more = rep < job["reps"] or (spent < job["budget_s"] and rep < max_reps)
-            more = self.harness.bcast(more, root=0)
+            # rank 0 decides; the reduction is also a barrier, so no rank poisons or reads
+            # outputs that a peer may still be writing
+            more = bool(self.harness.allreduce(more if rank == 0 else True, op=MPI.LAND))
             if rep - 1 in check_reps or not more:
                 self.save(self.out / f"rep{rep - 1}" / f"r{rank}", outputs)
         return times

@@ -1,0 +1,181 @@
+"""GPU platforms: profiles of the machines the benchmark knows, and detection of this one.
+
+A profile says what a platform is (vendor, architecture, compiler, interconnect, GPUs per
+node, features). Whether this machine can run a task is decided at run time: the compiler
+must exist, enough GPUs must be visible, and the task's `requires` must be among the
+profile's features; otherwise the task is skipped with that reason.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import re
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..build import build_cuda, build_python, find_cuda_libs
+from ..tasks import Task
+from .base import Platform
+
+
+@dataclass(frozen=True)
+class GpuProfile:
+    name: str
+    vendor: str
+    arch: str
+    compiler: str
+    gpus_per_node: int
+    interconnect: str
+    model: str  # substring of the GPU's marketing name that identifies it
+    features: frozenset[str]
+
+
+PROFILES = {
+    "h200": GpuProfile("h200", "nvidia", "sm_90", "nvcc", 8, "nvlink", "H200",
+                       frozenset({"nvlink", "sm_90", "nccl", "nccl-device", "nvshmem", "cuda-ipc",
+                                  "cupy"})),
+    "b300": GpuProfile("b300", "nvidia", "sm_103a", "nvcc", 8, "nvlink", "B300",
+                       frozenset({"nvlink", "sm_100", "nccl", "nccl-device", "nvshmem",
+                                  "cuda-ipc", "cupy"})),
+    "gh200": GpuProfile("gh200", "nvidia", "sm_90", "nvcc", 1, "nvlink-c2c", "GH200",
+                        frozenset({"sm_90", "nccl", "nvshmem", "cupy"})),
+    "mi325x": GpuProfile("mi325x", "amd", "gfx942", "hipcc", 8, "xgmi", "MI325X",
+                         frozenset({"xgmi", "rccl", "hip-ipc"})),
+}
+
+# NVLink multicast (NVLS) stays off: a program using it can take a shared host's GPUs out of
+# service; every job gets these whatever the caller's environment says
+SAFETY_ENV = {
+    "NCCL_NVLS_ENABLE": "0",
+    "NVSHMEM_DISABLE_NVLS": "1",
+    "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+}
+
+
+def _run(argv: list[str]) -> str:
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+    return done.stdout if done.returncode == 0 else ""
+
+
+@functools.lru_cache(maxsize=1)
+def nvidia_gpus() -> list[dict[str, str]]:
+    """GPUs nvidia-smi reports: name, driver, memory (empty when there is no NVIDIA GPU)."""
+    if not shutil.which("nvidia-smi"):
+        return []
+    out = _run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total",
+                "--format=csv,noheader"])
+    gpus = []
+    for line in out.strip().splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) >= 3:
+            gpus.append({"name": parts[0], "driver": parts[1], "memory": parts[2]})
+    return gpus
+
+
+@functools.lru_cache(maxsize=1)
+def nvlink_topology() -> str:
+    """`nvidia-smi topo -m`, the matrix of how the GPUs are linked (NV18 = 18 NVLinks)."""
+    return _run(["nvidia-smi", "topo", "-m"]).strip() if shutil.which("nvidia-smi") else ""
+
+
+def detect() -> str | None:
+    """The profile name of this machine's GPUs, or None."""
+    gpus = nvidia_gpus()
+    for gpu in gpus:
+        for profile in PROFILES.values():
+            if profile.vendor == "nvidia" and profile.model in gpu["name"].replace("NVIDIA ", ""):
+                if profile.model == "H200" and "GH200" in gpu["name"]:
+                    continue
+                return profile.name
+    if shutil.which("rocm-smi") and "MI325X" in _run(["rocm-smi", "--showproductname"]):
+        return "mi325x"
+    return None
+
+
+@functools.lru_cache(maxsize=8)
+def _version(argv: tuple[str, ...], pattern: str) -> str:
+    m = re.search(pattern, _run(list(argv)))
+    return m.group(1) if m else "unknown"
+
+
+class GpuPlatform(Platform):
+    backend = "cuda"
+    languages = ("cuda", "python")
+
+    def __init__(self, profile: GpuProfile) -> None:
+        self.profile = profile
+        self.name = profile.name
+        self.vendor = profile.vendor
+        self.compiler = profile.compiler
+        self.interconnect = profile.interconnect
+        self.max_ranks = profile.gpus_per_node
+
+    def visible_gpus(self) -> int:
+        if self.profile.vendor != "nvidia":
+            return 0
+        gpus = [g for g in nvidia_gpus() if self.profile.model in g["name"]]
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        if visible is not None:
+            return min(len(gpus), len([x for x in visible.split(",") if x.strip()]))
+        return len(gpus)
+
+    def skip_reason(self, task: Task, world: int) -> str | None:
+        if self.name not in task.platforms:
+            return f"task runs on {', '.join(task.platforms)}, not on platform {self.name}"
+        if task.language not in self.languages:
+            return f"platform {self.name} does not build {task.language}"
+        missing = sorted(set(task.requires) - self.profile.features)
+        if missing:
+            return f"platform {self.name} lacks {', '.join(missing)}"
+        gpus = self.visible_gpus()
+        if gpus < world:
+            return (f"needs {world} {self.profile.model} GPUs, this machine has {gpus}"
+                    if gpus else f"no {self.profile.model} GPU on this machine")
+        if task.language == "cuda" and not shutil.which(self.compiler):
+            return f"compiler {self.compiler} not found"
+        return super().skip_reason_common(task, world)
+
+    def build(self, task: Task, source: str, cache_dir: Path):
+        if task.language == "cuda":
+            return build_cuda(task, source, cache_dir, self.profile.arch)
+        return build_python(task, source, cache_dir)
+
+    def env(self) -> dict[str, str]:
+        env = dict(SAFETY_ENV)
+        libs = find_cuda_libs()
+        paths = [str(p) for p in (libs.nccl_lib, libs.nvshmem_lib) if p]
+        if paths:
+            env["LD_LIBRARY_PATH"] = ":".join(paths + [os.environ.get("LD_LIBRARY_PATH", "")])
+        return env
+
+    def fingerprint(self) -> dict[str, Any]:
+        info = super().fingerprint()
+        gpus = nvidia_gpus()
+        libs = find_cuda_libs()
+        info.update({
+            "gpu": gpus[0]["name"] if gpus else "none",
+            "gpu_count": len(gpus),
+            "driver": gpus[0]["driver"] if gpus else "none",
+            "cuda": _version(("nvcc", "--version"), r"release ([\d.]+)"),
+            "nccl": libs.nccl_version,
+            "nvshmem": libs.nvshmem_version,
+            "interconnect": self.interconnect,
+        })
+        topo = nvlink_topology()
+        m = re.search(r"GPU0\s+X\s+(\S+)", topo)
+        if m:
+            info["gpu0_gpu1_link"] = m.group(1)
+        try:
+            import cupy
+
+            info["cupy"] = cupy.__version__
+        except Exception:  # noqa: BLE001 - a fingerprint never fails a run
+            info["cupy"] = "missing"
+        return info

@@ -1,0 +1,260 @@
+"""GPU side of a rank: device buffers (cupy), the world a solution asks for (a stream, an NCCL
+communicator, a CUDA-IPC-shared workspace), and the C ABI of compiled solutions."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import time
+from typing import Any
+
+import numpy as np
+
+from .backends import poison_value
+
+MAX_RANKS, MAX_BUFFERS, MAX_PARAMS = 16, 8, 8  # as in include/commbench.h
+
+
+class CudaBackend:
+    """Buffers are cupy arrays over plain cudaMalloc allocations (not the memory pool), so a
+    buffer's CUDA IPC handle maps exactly that buffer in the peers."""
+
+    name = "cuda"
+
+    def __init__(self) -> None:
+        import cupy
+
+        self.cp = cupy
+
+    def empty(self, shape, dtype):
+        cp = self.cp
+        dtype = np.dtype(dtype)
+        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        mem = cp.cuda.memory.Memory(max(nbytes, 1))
+        return cp.ndarray(tuple(shape), dtype, cp.cuda.MemoryPointer(mem, 0))
+
+    def from_host(self, array: np.ndarray):
+        buf = self.empty(array.shape, array.dtype)
+        buf.set(np.ascontiguousarray(array))
+        return buf
+
+    def upload(self, dst, src: np.ndarray) -> None:
+        dst.set(np.ascontiguousarray(src, dtype=dst.dtype))
+
+    def to_host(self, buf) -> np.ndarray:
+        return buf.get()
+
+    def poison(self, buf) -> None:
+        buf.fill(poison_value(buf.dtype))
+
+    def synchronize(self) -> None:
+        """Wait for the whole device, so work the solution put on any stream is counted."""
+        self.cp.cuda.runtime.deviceSynchronize()
+
+    def clock(self) -> float:
+        return time.perf_counter()
+
+
+def local_rank(world) -> int:
+    for var in ("OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID"):
+        if var in os.environ:
+            return int(os.environ[var])
+    from mpi4py import MPI
+
+    return world.Split_type(MPI.COMM_TYPE_SHARED).Get_rank()
+
+
+class NcclUniqueId(ctypes.Structure):
+    _fields_ = [("internal", ctypes.c_char * 128)]
+
+
+def nccl_library() -> ctypes.CDLL:
+    """The NCCL the solution links (same soname, so one instance in the process)."""
+    from ..build import find_cuda_libs
+
+    libs = find_cuda_libs()
+    path = str(libs.nccl_lib / "libnccl.so.2") if libs.nccl_lib else "libnccl.so.2"
+    return ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
+
+
+class GpuWorld:
+    """What every call on this rank shares: device, stream, NCCL communicator, workspace."""
+
+    def __init__(self, job: dict, world, harness, rank: int, size: int) -> None:
+        import cupy as cp
+
+        self.cp, self.harness, self.rank, self.size = cp, harness, rank, size
+        self.local_rank = local_rank(world)
+        ndev = cp.cuda.runtime.getDeviceCount()
+        self.device = self.local_rank % ndev
+        cp.cuda.Device(self.device).use()
+        self.stream = cp.cuda.Stream(non_blocking=True)
+        fixtures = set(job.get("fixtures", []))
+        self.nccl_ptr = None
+        self.nccl = None
+        if "nccl" in fixtures:
+            if job.get("language") == "cuda":
+                self.nccl_ptr = self._nccl_comm_c()
+            else:
+                from cupy.cuda import nccl
+
+                uid = nccl.get_unique_id() if rank == 0 else None
+                uid = harness.bcast(uid, root=0)
+                self.nccl = nccl.NcclCommunicator(size, uid, rank)
+        self.workspace = None
+        self.peer_workspace: list[int] = []
+        self.opened: list[int] = []
+        nbytes = int(job.get("workspace_bytes", 0))
+        if nbytes:
+            backend = CudaBackend()
+            self.workspace = backend.empty((nbytes,), np.uint8)
+            self.workspace.fill(0)
+            cp.cuda.runtime.deviceSynchronize()
+            self.peer_workspace = self.exchange([self.workspace.data.ptr])[0]
+
+    def _nccl_comm_c(self) -> int:
+        lib = nccl_library()
+        uid = NcclUniqueId()
+        if self.rank == 0:
+            rc = lib.ncclGetUniqueId(ctypes.byref(uid))
+            if rc != 0:
+                raise RuntimeError(f"ncclGetUniqueId failed ({rc})")
+        raw = self.harness.bcast(bytes(uid.internal) if self.rank == 0 else None, root=0)
+        ctypes.memmove(ctypes.addressof(uid), raw, 128)
+        comm = ctypes.c_void_p()
+        rc = lib.ncclCommInitRank(ctypes.byref(comm), self.size, uid, self.rank)
+        if rc != 0:
+            raise RuntimeError(f"ncclCommInitRank failed ({rc})")
+        return int(comm.value)
+
+    def exchange(self, ptrs: list[int]) -> list[list[int]]:
+        """Map every rank's allocations through CUDA IPC: result[i][r] is rank r's i-th
+        pointer as seen here (our own pointers as they are)."""
+        rt = self.cp.cuda.runtime
+        handles = [rt.ipcGetMemHandle(p) for p in ptrs]
+        every = self.harness.allgather(handles)
+        mapped = []
+        for i, own in enumerate(ptrs):
+            row = []
+            for r in range(self.size):
+                if r == self.rank:
+                    row.append(own)
+                else:
+                    ptr = rt.ipcOpenMemHandle(every[r][i], 1)  # lazy peer access
+                    self.opened.append(ptr)
+                    row.append(ptr)
+            mapped.append(row)
+        return mapped
+
+    def close(self, ptrs: list[int]) -> None:
+        rt = self.cp.cuda.runtime
+        for p in ptrs:
+            rt.ipcCloseMemHandle(p)
+            self.opened.remove(p)
+
+
+class CommbenchCtx(ctypes.Structure):
+    _fields_ = [
+        ("rank", ctypes.c_int), ("world_size", ctypes.c_int), ("local_rank", ctypes.c_int),
+        ("device", ctypes.c_int), ("stream", ctypes.c_void_p), ("nccl_comm", ctypes.c_void_p),
+        ("num_buffers", ctypes.c_int),
+        ("buffers", ctypes.c_void_p * MAX_BUFFERS),
+        ("buffer_bytes", ctypes.c_size_t * MAX_BUFFERS),
+        ("peer_buffers", (ctypes.c_void_p * MAX_BUFFERS) * MAX_RANKS),
+        ("workspace", ctypes.c_void_p), ("workspace_bytes", ctypes.c_size_t),
+        ("peer_workspace", ctypes.c_void_p * MAX_RANKS),
+        ("num_params", ctypes.c_int), ("params", ctypes.c_int64 * MAX_PARAMS),
+        ("host", ctypes.c_void_p),
+        ("allgather", ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p,
+                                       ctypes.c_size_t, ctypes.c_void_p)),
+        ("broadcast", ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p,
+                                       ctypes.c_size_t, ctypes.c_int)),
+        ("barrier", ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p)),
+    ]
+
+
+class NativeSolution:
+    """A compiled solution behind the C ABI of include/commbench.h."""
+
+    def __init__(self, path: str, world: GpuWorld, ipc: bool) -> None:
+        self.world, self.ipc = world, ipc
+        self.lib = ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
+        self.run = self.lib.commbench_run
+        self.run.argtypes = [ctypes.POINTER(CommbenchCtx)]
+        self.run.restype = ctypes.c_int
+        self.ctx = CommbenchCtx()
+        self.mapped: list[int] = []
+        self.key: tuple = ()
+        self._callbacks()
+
+    def _callbacks(self) -> None:
+        h = self.world.harness
+        fields = dict(CommbenchCtx._fields_)
+
+        def allgather(_host, send, nbytes, recv):
+            try:
+                data = ctypes.string_at(send, nbytes)
+                parts = h.allgather(data)
+                ctypes.memmove(recv, b"".join(parts), nbytes * len(parts))
+                return 0
+            except Exception:  # noqa: BLE001 - an error code, never an exception into C
+                return 1
+
+        def broadcast(_host, buf, nbytes, root):
+            try:
+                data = h.bcast(ctypes.string_at(buf, nbytes) if h.Get_rank() == root else None,
+                               root=root)
+                ctypes.memmove(buf, data, nbytes)
+                return 0
+            except Exception:  # noqa: BLE001
+                return 1
+
+        def barrier(_host):
+            try:
+                h.Barrier()
+                return 0
+            except Exception:  # noqa: BLE001
+                return 1
+
+        # keep references: ctypes callbacks die with their Python objects
+        self._cbs = (fields["allgather"](allgather), fields["broadcast"](broadcast),
+                     fields["barrier"](barrier))
+        self.ctx.allgather, self.ctx.broadcast, self.ctx.barrier = self._cbs
+
+    def prepare(self, buffers: list[Any], params: list[int]) -> None:
+        """Fill the context for these buffers (collective: maps peers' buffers through IPC)."""
+        w, c = self.world, self.ctx
+        if len(buffers) > MAX_BUFFERS or len(params) > MAX_PARAMS:
+            raise ValueError("too many buffers or parameters for the C ABI")
+        c.rank, c.world_size, c.local_rank, c.device = w.rank, w.size, w.local_rank, w.device
+        c.stream = w.stream.ptr
+        c.nccl_comm = w.nccl_ptr
+        c.num_buffers = len(buffers)
+        ptrs = [b.data.ptr for b in buffers]
+        for i, b in enumerate(buffers):
+            c.buffers[i] = ptrs[i]
+            c.buffer_bytes[i] = b.nbytes
+        if self.ipc and tuple(ptrs) != self.key:
+            w.harness.Barrier()
+            if self.mapped:
+                w.close(self.mapped)
+            mapped = w.exchange(ptrs)
+            self.mapped = [p for i, row in enumerate(mapped) for r, p in enumerate(row)
+                           if r != w.rank]
+            for i, row in enumerate(mapped):
+                for r, p in enumerate(row):
+                    c.peer_buffers[r][i] = p
+            self.key = tuple(ptrs)
+        if w.workspace is not None:
+            c.workspace = w.workspace.data.ptr
+            c.workspace_bytes = w.workspace.nbytes
+            for r, p in enumerate(w.peer_workspace):
+                c.peer_workspace[r] = p
+        c.num_params = len(params)
+        for i, p in enumerate(params):
+            c.params[i] = int(p)
+
+    def __call__(self) -> None:
+        rc = self.run(ctypes.byref(self.ctx))
+        if rc != 0:
+            raise RuntimeError(f"commbench_run returned {rc}")
