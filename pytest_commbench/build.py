@@ -12,6 +12,7 @@ import functools
 import hashlib
 import os
 import re
+import shutil
 import subprocess
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
@@ -155,6 +156,30 @@ def find_cuda_libs() -> CudaLibs:
     )
 
 
+@functools.lru_cache(maxsize=1)
+def cuda_runtime_dir() -> Path | None:
+    """The folder of libcudart.so of the nvcc in use (for the solution's rpath)."""
+    candidates = []
+    if os.environ.get("CUDA_HOME"):
+        candidates.append(Path(os.environ["CUDA_HOME"]))
+    nvcc = shutil.which(os.environ.get("COMMBENCH_NVCC", "nvcc"))
+    if nvcc:
+        real = Path(nvcc).resolve()
+        try:  # a wrapper script: `exec /usr/local/cuda-X/bin/nvcc "$@"`
+            m = re.search(r"exec\s+(\S+/bin/nvcc)", real.read_text(errors="ignore")[:4096])
+            if m:
+                real = Path(m.group(1)).resolve()
+        except OSError:
+            pass
+        candidates.append(real.parent.parent)
+    candidates += [Path("/usr/local/cuda"), *sorted(Path("/usr/local").glob("cuda-*"))]
+    for home in candidates:
+        for sub in ("lib64", "targets/x86_64-linux/lib", "lib"):
+            if (home / sub / "libcudart.so").exists() or any((home / sub).glob("libcudart.so.*")):
+                return home / sub
+    return None
+
+
 def cuda_command(task: Task, source: Path, output: Path, arch: str) -> list[str]:
     """The hidden recipe: flags, include and library paths are the harness's, never the model's."""
     libs = find_cuda_libs()
@@ -174,7 +199,9 @@ def cuda_command(task: Task, source: Path, output: Path, arch: str) -> list[str]
     if "nvshmem" in uses and libs.nvshmem_lib:
         cmd += ["-L", str(libs.nvshmem_lib), "-l:libnvshmem_host.so.3", "-lnvshmem_device",
                 f"-Xlinker=-rpath={libs.nvshmem_lib}"]
-    cmd += ["-lcuda"]
+    runtime = cuda_runtime_dir()
+    if runtime:
+        cmd += [f"-Xlinker=-rpath={runtime}"]
     return cmd
 
 

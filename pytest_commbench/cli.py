@@ -3,6 +3,7 @@
     commbench report .commbench/runs/<run>/results.jsonl [more logs ...]
     commbench report .commbench/runs            (the newest run in that folder)
     commbench markdown RUN --section NAME --title TITLE --command CMD [--out BENCHMARKS.md]
+    commbench compile [suites] [--references DIR] [--platform h200]
     commbench tasks [suites]
 """
 
@@ -110,6 +111,49 @@ def cmd_markdown(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_compile(args: argparse.Namespace) -> int:
+    """Build every CUDA template, reference and mutant with the hidden recipe (what CI can do
+    without a GPU): templates and references must build and pass `forbid`; mutants must build."""
+    import tempfile
+
+    from .build import build_cuda
+    from .platforms import PROFILES
+    from .verdicts import Rejected, Verdict
+
+    arch = PROFILES[args.platform].arch
+    root, refs = Path(args.suites), Path(args.references)
+    failures, built = [], 0
+    cache = Path(tempfile.mkdtemp(prefix="commbench-compile-"))
+    for manifest in sorted(root.rglob(MANIFEST)):
+        try:
+            task = load_task(manifest, root)
+        except ManifestError as exc:
+            failures.append(str(exc))
+            continue
+        if task.language != "cuda":
+            continue
+        ref_dir = refs / task.relpath
+        sources = [("template", task.template), ("reference", ref_dir / "solution.cu")]
+        sources += [(f"mutant {p.stem}", p) for p in sorted((ref_dir / "mutants").glob("*.cu"))]
+        for kind, path in sources:
+            try:
+                build_cuda(task, path.read_text(), cache, arch)
+                status = "ok"
+            except OSError as exc:
+                status = f"missing: {exc}"
+                failures.append(f"{task.relpath} {kind}: {status}")
+            except Rejected as exc:
+                status = f"{exc.verdict}: {exc.message}"
+                if not (kind.startswith("mutant") and exc.verdict is Verdict.FORBIDDEN):
+                    failures.append(f"{task.relpath} {kind}: {status}\n{exc.detail}")
+            built += 1
+            print(f"{task.relpath:45s} {kind:28s} {status}")
+    print(f"commbench compile: {built} sources for {arch}, {len(failures)} failed")
+    for f in failures:
+        print(f"FAILED {f}", file=sys.stderr)
+    return 1 if failures or not built else 0
+
+
 def cmd_tasks(args: argparse.Namespace) -> int:
     root = Path(args.suites)
     rows, bad = [], 0
@@ -141,6 +185,11 @@ def main(argv: list[str] | None = None) -> int:
     md.add_argument("--title", required=True)
     md.add_argument("--command", required=True, help="the command that produced the run")
     md.set_defaults(func=cmd_markdown)
+    cmp_ = sub.add_parser("compile", help="build every CUDA template, reference and mutant")
+    cmp_.add_argument("suites", nargs="?", default="suites")
+    cmp_.add_argument("--references", default="references")
+    cmp_.add_argument("--platform", default="h200", help="profile whose architecture to build for")
+    cmp_.set_defaults(func=cmd_compile)
     tsk = sub.add_parser("tasks", help="list the tasks of a suites folder")
     tsk.add_argument("suites", nargs="?", default="suites")
     tsk.set_defaults(func=cmd_tasks)
