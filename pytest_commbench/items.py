@@ -97,6 +97,7 @@ class TaskItem(pytest.Item):
             cache=state.run_dir / "build", references=state.references, rounds=state.rounds,
             reps=state.reps, max_reps=state.max_reps, budget_s=state.budget,
             warmup=state.warmup, timeout=state.timeout, keep=state.keep,
+            exclusive=state.exclusive,
         )
         for _attempt in range(1 + INFRA_RETRIES):
             result = run_candidate(self.task, self.world, self.candidate, state.platform, settings)

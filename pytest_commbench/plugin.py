@@ -81,6 +81,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         parser.addini(f"commbench_{name}", desc)
     group.addoption("--commbench-keep", dest="commbench_keep", action="store_true",
                     help="keep the scratch directories of passing items too")
+    group.addoption("--commbench-shared-node", dest="commbench_shared_node", action="store_true",
+                    help="timed items lease only the GPUs they use instead of the whole node "
+                         "(faster with -n, but neighbours may disturb the numbers)")
     parser.addini("commbench_references", "hidden references root (default: references)")
     parser.addini("commbench_suites", "suites root, to name tasks by relative path (default: suites)")
 

@@ -47,6 +47,7 @@ class Settings:
     warmup: int = 2
     timeout: float | None = None  # overrides the manifest's per-job deadline
     keep: bool = False
+    exclusive: bool = True  # timed items hold the whole node (GPU platforms)
 
 
 @dataclass
@@ -148,7 +149,18 @@ def _run(task, world, candidate, platform, settings, record) -> None:
     sol_times: dict[str, list[float]] = {c.id: [] for c in cases}
     ref_times: dict[str, list[float]] = {c.id: [] for c in cases}
     rounds = settings.rounds if timed else 1
-    outputs = []
+    outputs: list[str] = []
+    with platform.lease(world, exclusive=timed and settings.exclusive) as lease_env:
+        _rounds(task, world, platform, op, cases, io, check_reps, settings, deadline, rounds,
+                timed, artifact, ref_artifact, sol_times, ref_times, outputs, lease_env, record)
+    record["output"] = (outputs[-1] if outputs else "")[-OUTPUT_IN_RECORD:]
+    record["verdict"] = Verdict.PASS
+    if timed and reps > 0:
+        _figures(op, task, cases, sol_times, ref_times, record)
+
+
+def _rounds(task, world, platform, op, cases, io, check_reps, settings, deadline, rounds, timed,
+            artifact, ref_artifact, sol_times, ref_times, outputs, lease_env, record) -> None:
     for rnd in range(rounds):
         # ABBA order (ref, sol, sol, ref, ...): a drift over the item's time cancels out
         jobs = [("ref", ref_artifact.path), ("sol", artifact.path)] if timed else [("sol", artifact.path)]
@@ -157,7 +169,7 @@ def _run(task, world, candidate, platform, settings, record) -> None:
         for who, path in jobs:
             job_dir = settings.work / f"{who}{rnd}"
             outcome = _run_job(task, world, platform, path, cases, io, job_dir, check_reps,
-                               settings, deadline)
+                               settings, deadline, lease_env)
             outcome = _judge(op, task, cases, check_reps, job_dir, outcome)
             if who == "sol":
                 outputs.append(outcome.output)
@@ -169,10 +181,6 @@ def _run(task, world, candidate, platform, settings, record) -> None:
             target = ref_times if who == "ref" else sol_times
             for cid, ts in outcome.times.items():
                 target[cid].extend(ts)
-    record["output"] = (outputs[-1] if outputs else "")[-OUTPUT_IN_RECORD:]
-    record["verdict"] = Verdict.PASS
-    if timed and reps > 0:
-        _figures(op, task, cases, sol_times, ref_times, record)
 
 
 def _write_inputs(io: Path, cases: list[Case]) -> None:
@@ -223,7 +231,7 @@ def _job_spec(task, cases, io, out, scratch, path, check_reps, settings, backend
 
 
 def _run_job(task, world, platform, path, cases, io, job_dir, check_reps, settings,
-             deadline) -> Outcome:
+             deadline, lease_env) -> Outcome:
     if job_dir.exists():
         shutil.rmtree(job_dir)
     out = job_dir / "out"
@@ -241,7 +249,7 @@ def _run_job(task, world, platform, path, cases, io, job_dir, check_reps, settin
                 pass  # being rewritten right now
         return False
 
-    env = {**mpi_env(), **platform.env()}
+    env = {**mpi_env(), **platform.env(), **lease_env}
     result = run_job(platform.launch_argv(world, job_file), job_dir, deadline, env=env,
                      failed=rank_failed)
     return _job_outcome(result, out, world, deadline)

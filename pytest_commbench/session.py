@@ -65,6 +65,7 @@ class CommbenchState:
     max_reps: int
     timeout: float | None
     keep: bool
+    exclusive: bool
     log: ResultsLog
     _fingerprint: dict | None = None
 
@@ -131,5 +132,6 @@ def create(config: pytest.Config) -> CommbenchState:
         max_reps=max(int(setting(config, "max_reps", int)), int(setting(config, "reps", int))),
         timeout=None if timeout is None else float(timeout),
         keep=bool(config.getoption("commbench_keep", False)),
+        exclusive=not config.getoption("commbench_shared_node", False),
         log=ResultsLog(run_dir / "results.jsonl"),
     )

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import platform as _platform
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +44,11 @@ class Platform:
     def env(self) -> dict[str, str]:
         """Environment the platform adds to every job."""
         return {}
+
+    @contextlib.contextmanager
+    def lease(self, world: int, exclusive: bool) -> Iterator[dict[str, str]]:
+        """Hold what a job of `world` ranks needs; yields environment for the job."""
+        yield {}
 
     def launch_argv(self, world: int, job: Path) -> list[str]:
         mpiexec = find_mpiexec()

@@ -8,16 +8,19 @@ profile's features; otherwise the task is skipped with that reason.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import re
 import shutil
 import subprocess
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ..build import build_cuda, build_python, find_cuda_libs
+from ..leases import lease
 from ..tasks import Task
 from .base import Platform
 
@@ -146,6 +149,16 @@ class GpuPlatform(Platform):
         if task.language == "cuda":
             return build_cuda(task, source, cache_dir, self.profile.arch)
         return build_python(task, source, cache_dir)
+
+    @contextlib.contextmanager
+    def lease(self, world: int, exclusive: bool) -> Iterator[dict[str, str]]:
+        """Lock the GPUs the job uses (all of the node's when timing exclusively) and show the
+        job only its own (CUDA_VISIBLE_DEVICES)."""
+        total = max(self.visible_gpus(), world)
+        with lease(world, total, exclusive) as devices:
+            visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+            ids = [x.strip() for x in visible.split(",")] if visible else [str(i) for i in range(total)]
+            yield {"CUDA_VISIBLE_DEVICES": ",".join(ids[d] for d in devices)}
 
     def env(self) -> dict[str, str]:
         env = dict(SAFETY_ENV)
