@@ -140,47 +140,60 @@ def _run(task, world, candidate, platform, settings, record) -> None:
             cases.append(op.make_case(rng, cid, count, dtype, world, task.check.params,
                                       task.check.trials, settings.max_reps))
     reps = settings.reps
-    middle = int(rng.integers(1, reps - 1)) if reps > 2 else 0
-    check_reps = sorted({0, middle, reps - 1}) if reps > 0 else []
+    # besides the last repetition (always checked), one chosen at random from the first `reps`
+    check_reps = [int(rng.integers(0, reps))] if reps > 0 else []
     io = settings.work / "io"
     _write_inputs(io, cases)
 
-    deadline = settings.timeout or task.timeout
-    sol_times: dict[str, list[float]] = {c.id: [] for c in cases}
-    ref_times: dict[str, list[float]] = {c.id: [] for c in cases}
-    rounds = settings.rounds if timed else 1
-    outputs: list[str] = []
+    plan = Plan(task, world, platform, settings, op, cases, io, check_reps,
+                settings.timeout or task.timeout)
+    artifacts = {"ref": ref_artifact.path, "sol": artifact.path} if timed else {"sol": artifact.path}
     with platform.lease(world, exclusive=timed and settings.exclusive) as lease_env:
-        _rounds(task, world, platform, op, cases, io, check_reps, settings, deadline, rounds,
-                timed, artifact, ref_artifact, sol_times, ref_times, outputs, lease_env, record)
-    record["output"] = (outputs[-1] if outputs else "")[-OUTPUT_IN_RECORD:]
+        times, output = _interleave(plan, artifacts, settings.rounds if timed else 1, lease_env,
+                                    record)
+    record["output"] = output[-OUTPUT_IN_RECORD:]
     record["verdict"] = Verdict.PASS
     if timed and reps > 0:
-        _figures(op, task, cases, sol_times, ref_times, record)
+        _figures(op, task, cases, times["sol"], times["ref"], record)
 
 
-def _rounds(task, world, platform, op, cases, io, check_reps, settings, deadline, rounds, timed,
-            artifact, ref_artifact, sol_times, ref_times, outputs, lease_env, record) -> None:
+@dataclass
+class Plan:
+    """What every job of one item shares."""
+
+    task: Task
+    world: int
+    platform: Platform
+    settings: Settings
+    op: checks.Op
+    cases: list[Case]
+    io: Path
+    check_reps: list[int]
+    deadline: float
+
+
+def _interleave(plan: Plan, artifacts: dict[str, Path], rounds: int, lease_env: dict[str, str],
+                record: dict[str, Any]) -> tuple[dict[str, dict[str, list[float]]], str]:
+    """Run the jobs in ABBA order (ref, sol, sol, ref, ...) so a drift over the item's time
+    cancels out; stop at the solution's first failure. Returns per-case times and the
+    solution's last output."""
+    times = {who: {c.id: [] for c in plan.cases} for who in artifacts}
+    output = ""
+    order = list(artifacts)
     for rnd in range(rounds):
-        # ABBA order (ref, sol, sol, ref, ...): a drift over the item's time cancels out
-        jobs = [("ref", ref_artifact.path), ("sol", artifact.path)] if timed else [("sol", artifact.path)]
-        if rnd % 2:
-            jobs.reverse()
-        for who, path in jobs:
-            job_dir = settings.work / f"{who}{rnd}"
-            outcome = _run_job(task, world, platform, path, cases, io, job_dir, check_reps,
-                               settings, deadline, lease_env)
-            outcome = _judge(op, task, cases, check_reps, job_dir, outcome)
-            if who == "sol":
-                outputs.append(outcome.output)
+        for who in (order if rnd % 2 == 0 else order[::-1]):
+            job_dir = plan.settings.work / f"{who}{rnd}"
+            outcome = _judge(plan, job_dir, _run_job(plan, artifacts[who], job_dir, lease_env))
             if outcome.verdict is not Verdict.PASS:
                 if who == "ref":
                     raise InfraError(f"the reference failed ({outcome.verdict}): {outcome.message}")
                 record["output"] = outcome.output[-OUTPUT_IN_RECORD:]
                 raise Rejected(outcome.verdict, outcome.message, outcome.detail)
-            target = ref_times if who == "ref" else sol_times
+            if who == "sol":
+                output = outcome.output
             for cid, ts in outcome.times.items():
-                target[cid].extend(ts)
+                times[who][cid].extend(ts)
+    return times, output
 
 
 def _write_inputs(io: Path, cases: list[Case]) -> None:
@@ -230,14 +243,14 @@ def _job_spec(task, cases, io, out, scratch, path, check_reps, settings, backend
     }
 
 
-def _run_job(task, world, platform, path, cases, io, job_dir, check_reps, settings,
-             deadline, lease_env) -> Outcome:
+def _run_job(plan: Plan, path: Path, job_dir: Path, lease_env: dict[str, str]) -> Outcome:
+    task, world, platform, settings = plan.task, plan.world, plan.platform, plan.settings
     if job_dir.exists():
         shutil.rmtree(job_dir)
     out = job_dir / "out"
     out.mkdir(parents=True)
-    spec = _job_spec(task, cases, io, out, job_dir / "scratch", path, check_reps, settings,
-                     platform.backend)
+    spec = _job_spec(task, plan.cases, plan.io, out, job_dir / "scratch", path, plan.check_reps,
+                     settings, platform.backend)
     job_file = job_dir / "job.json"
     job_file.write_text(json.dumps(spec))
     def rank_failed() -> bool:
@@ -250,9 +263,9 @@ def _run_job(task, world, platform, path, cases, io, job_dir, check_reps, settin
         return False
 
     env = {**mpi_env(), **platform.env(), **lease_env}
-    result = run_job(platform.launch_argv(world, job_file), job_dir, deadline, env=env,
+    result = run_job(platform.launch_argv(world, job_file), job_dir, plan.deadline, env=env,
                      failed=rank_failed)
-    return _job_outcome(result, out, world, deadline)
+    return _job_outcome(result, out, world, plan.deadline)
 
 
 def _job_outcome(result: JobResult, out: Path, world: int, deadline: float) -> Outcome:
@@ -276,6 +289,10 @@ def _job_outcome(result: JobResult, out: Path, world: int, deadline: float) -> O
             f"no rank started (launcher exit code {result.returncode}): "
             f"{result.output.strip()[-800:] or 'no output'}"
         )
+    for rank, s in enumerate(statuses):
+        if s and s.get("error") and s.get("harness"):
+            raise InfraError(f"rank {rank} failed while the harness set up the world "
+                             f"({s['phase']}): {s['error']}")
     for rank, s in enumerate(statuses):
         if s and s.get("error"):
             base.verdict = Verdict.RUNTIME_ERROR
@@ -306,9 +323,10 @@ def _load_outputs(folder: Path, world: int) -> list[dict[str, np.ndarray]]:
     return got
 
 
-def _judge(op, task, cases, check_reps, job_dir: Path, outcome: Outcome) -> Outcome:
+def _judge(plan: Plan, job_dir: Path, outcome: Outcome) -> Outcome:
     if outcome.verdict is not Verdict.PASS:
         return outcome
+    op, task, cases, check_reps = plan.op, plan.task, plan.cases, plan.check_reps
     out = job_dir / "out"
     errors: list[str] = []
     for case in cases:

@@ -114,12 +114,16 @@ class GpuWorld:
 
     def _nccl_comm_c(self) -> int:
         lib = nccl_library()
+        lib.ncclCommInitRank.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_int,
+                                         NcclUniqueId, ctypes.c_int]
         uid = NcclUniqueId()
         if self.rank == 0:
             rc = lib.ncclGetUniqueId(ctypes.byref(uid))
             if rc != 0:
                 raise RuntimeError(f"ncclGetUniqueId failed ({rc})")
-        raw = self.harness.bcast(bytes(uid.internal) if self.rank == 0 else None, root=0)
+        # the id is binary: copy all 128 bytes (c_char arrays stop at the first NUL)
+        raw = self.harness.bcast(ctypes.string_at(ctypes.addressof(uid), ctypes.sizeof(uid))
+                                 if self.rank == 0 else None, root=0)
         ctypes.memmove(ctypes.addressof(uid), raw, 128)
         comm = ctypes.c_void_p()
         rc = lib.ncclCommInitRank(ctypes.byref(comm), self.size, uid, self.rank)

@@ -62,7 +62,7 @@ def main(argv: list[str]) -> int:
     world = MPI.COMM_WORLD
     rank, size = world.Get_rank(), world.Get_size()
     status = Status(out / f"status_r{rank}.json")
-    status.update(phase="start", rank=rank, world=size)
+    status.update(phase="start", rank=rank, world=size, harness=True)
     try:
         run(job, world, rank, size, status)
     except BaseException as exc:  # the solution's failure, reported for the controller to judge
@@ -91,7 +91,8 @@ def run(job: dict, world, rank: int, size: int, status: Status) -> None:
         extra = {"device": gpu.device, "local_rank": gpu.local_rank, "stream": gpu.stream,
                  "nccl": gpu.nccl}
 
-    status.update(phase="load solution")
+    # from here on a failure may be the solution's (loading it runs its code)
+    status.update(phase="load solution", harness=False)
     if job.get("language") == "cuda":
         from .gpu import NativeSolution
 
