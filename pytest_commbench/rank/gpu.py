@@ -55,6 +55,12 @@ class CudaBackend:
         return time.perf_counter()
 
 
+def _mpi():
+    from mpi4py import MPI
+
+    return MPI
+
+
 def local_rank(world) -> int:
     for var in ("OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID"):
         if var in os.environ:
@@ -238,8 +244,8 @@ class NativeSolution:
         for i, b in enumerate(buffers):
             c.buffers[i] = ptrs[i]
             c.buffer_bytes[i] = b.nbytes
-        if self.ipc and tuple(ptrs) != self.key:
-            w.harness.Barrier()
+        # remap when any rank's buffers changed: decided together, so all ranks take part
+        if self.ipc and w.harness.allreduce(tuple(ptrs) != self.key, op=_mpi().LOR):
             if self.mapped:
                 w.close(self.mapped)
             mapped = w.exchange(ptrs)
