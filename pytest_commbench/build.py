@@ -180,6 +180,22 @@ def cuda_runtime_dir() -> Path | None:
     return None
 
 
+@functools.lru_cache(maxsize=1)
+def nvml_library() -> Path | None:
+    """The driver's libnvidia-ml.so.1, from the loader cache or the usual driver folders."""
+    try:
+        out = subprocess.run(["ldconfig", "-p"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        out = ""
+    m = re.search(r"libnvidia-ml\.so\.1 \(libc6,x86-64\) => (\S+)", out)
+    if m:
+        return Path(m.group(1))
+    for folder in ("/usr/local/nvidia/lib64", "/usr/lib/x86_64-linux-gnu", "/usr/lib64"):
+        if (Path(folder) / "libnvidia-ml.so.1").exists():
+            return Path(folder) / "libnvidia-ml.so.1"
+    return None
+
+
 def cuda_command(task: Task, source: Path, output: Path, arch: str) -> list[str]:
     """The hidden recipe: flags, include and library paths are the harness's, never the model's."""
     libs = find_cuda_libs()
@@ -199,6 +215,10 @@ def cuda_command(task: Task, source: Path, output: Path, arch: str) -> list[str]
     if "nvshmem" in uses and libs.nvshmem_lib:
         cmd += ["-L", str(libs.nvshmem_lib), "-l:libnvshmem_host.so.3", "-lnvshmem_device",
                 f"-Xlinker=-rpath={libs.nvshmem_lib}"]
+    if "nvml" in uses:
+        nvml = nvml_library()
+        if nvml:  # the driver's copy; without a driver (CI) the symbols stay unresolved
+            cmd += [f"-L{nvml.parent}", f"-l:{nvml.name}"]
     runtime = cuda_runtime_dir()
     if runtime:
         cmd += [f"-Xlinker=-rpath={runtime}"]

@@ -40,10 +40,10 @@ class GpuProfile:
 PROFILES = {
     "h200": GpuProfile("h200", "nvidia", "sm_90", "nvcc", 8, "nvlink", "H200",
                        frozenset({"nvlink", "sm_90", "nccl", "nccl-device", "nvshmem", "cuda-ipc",
-                                  "cupy"})),
+                                  "cupy", "nvml"})),
     "b300": GpuProfile("b300", "nvidia", "sm_103a", "nvcc", 8, "nvlink", "B300",
                        frozenset({"nvlink", "sm_100", "nccl", "nccl-device", "nvshmem",
-                                  "cuda-ipc", "cupy"})),
+                                  "cuda-ipc", "cupy", "nvml"})),
     "gh200": GpuProfile("gh200", "nvidia", "sm_90", "nvcc", 1, "nvlink-c2c", "GH200",
                         frozenset({"sm_90", "nccl", "nvshmem", "cupy"})),
     "mi325x": GpuProfile("mi325x", "amd", "gfx942", "hipcc", 8, "xgmi", "MI325X",
