@@ -152,7 +152,7 @@ class MoECombine(_Routed):
     vary = ("y",)
 
     def args(self, params):
-        return ["y", "recv_src", "topk_idx", "num_experts", "out"]
+        return ["y", "recv_src", "topk_idx", "num_experts", "hidden", "topk", "out"]
 
     def make_trial(self, rng, count, dtype, world, params, skewed=False):
         hidden, experts, topk = _params(params, world)

@@ -5,7 +5,7 @@ from mpi4py import MPI
 
 
 def moe_combine(ctx, y: np.ndarray, recv_src: np.ndarray, topk_idx: np.ndarray,
-                num_experts: int, out: np.ndarray) -> None:
+                num_experts: int, hidden: int, topk: int, out: np.ndarray) -> None:
     comm: MPI.Comm = ctx.comm
     # >>> COMMBENCH EDIT combine
     # mutant: combines once per top-k slot, so a token with two experts on the same rank gets
