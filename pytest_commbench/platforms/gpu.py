@@ -162,6 +162,7 @@ class GpuPlatform(Platform):
 
     def env(self) -> dict[str, str]:
         env = dict(SAFETY_ENV)
+        env["CUPY_TF32"] = "0"  # float32 means float32: the oracles' tolerances assume it
         libs = find_cuda_libs()
         paths = [str(p) for p in (libs.nccl_lib, libs.nvshmem_lib) if p]
         if paths:
