@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -60,6 +61,27 @@ class Bench:
 
     def verdicts(self) -> dict[str, str]:
         return {r["nodeid"]: r["verdict"] for r in self.records()}
+
+
+def _processes_with(needle: bytes) -> list[int]:
+    """Pids of live processes whose command line contains `needle`."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/cmdline", "rb") as f:
+                    cmd = f.read()
+            except OSError:
+                continue
+            if needle in cmd:
+                found.append(int(entry))
+    return found
+
+
+@pytest.fixture
+def processes_with():
+    """A function: pids of live processes whose command line contains a byte string."""
+    return _processes_with
 
 
 @pytest.fixture

@@ -17,30 +17,14 @@ time.sleep(600)
 """
 
 
-def test_deadline_kills_every_process_of_the_session(tmp_path):
+def test_deadline_kills_every_process_of_the_session(tmp_path, processes_with):
     start = time.monotonic()
     result = run_job([sys.executable, "-c", TREE], tmp_path, deadline_s=2.0)
     assert result.timed_out and result.returncode is None
     assert time.monotonic() - start < 2.0 + 10
     assert "children started" in result.output
     # the session id is the leader's pid; nothing with it is left
-    assert not [p for p in session_pids_of(tmp_path)]
-
-
-def session_pids_of(tmp_path):
-    # every process that still runs our TREE script
-    out = []
-    import os
-
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                cmd = open(f"/proc/{entry}/cmdline", "rb").read()
-            except OSError:
-                continue
-            if b"time.sleep(600)" in cmd:
-                out.append(int(entry))
-    return out
+    assert processes_with(b"time.sleep(600)") == []
 
 
 def test_a_finished_job_reports_its_exit_code_and_output(tmp_path):

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import sys
 import time
 import xml.etree.ElementTree as ET
@@ -116,20 +115,7 @@ def test_a_slower_solution_gets_a_speedup_below_one(bench):
     assert record["band"] == "Severely degraded"
 
 
-def _rank_processes(root):
-    found = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                cmd = open(f"/proc/{entry}/cmdline", "rb").read()
-            except OSError:
-                continue
-            if b"pytest_commbench.rank" in cmd and str(root).encode() in cmd:
-                found.append(int(entry))
-    return found
-
-
-def test_a_hanging_rank_is_killed_and_the_next_item_runs(bench):
+def test_a_hanging_rank_is_killed_and_the_next_item_runs(bench, processes_with):
     bench.add_task()
     bench.add_task(name="ring_allreduce_after")  # runs after the hang, must pass
     hang = bench.root / "hang"
@@ -150,7 +136,8 @@ def test_a_hanging_rank_is_killed_and_the_next_item_runs(bench):
     (timed_out,) = [r for r in bench.records() if r["verdict"] == "timeout"]
     assert timed_out["duration_s"] < 5 + 10
     assert elapsed < 5 + 10 + 60
-    assert _rank_processes(bench.root) == []
+    assert [p for p in processes_with(b"pytest_commbench.rank")
+            if str(bench.root).encode() in open(f"/proc/{p}/cmdline", "rb").read()] == []
 
 
 def test_malformed_manifest_is_a_collection_error_naming_file_and_key(bench):

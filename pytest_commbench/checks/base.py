@@ -12,6 +12,8 @@ from typing import Any
 
 import numpy as np
 
+from ..poison import poison_value
+
 FLOAT_KINDS = "fc"
 
 
@@ -38,17 +40,6 @@ class Case:
     trials: list[Trial]
     vary: tuple[str, ...] = ()
     shifts: list[list[int]] = field(default_factory=list)  # [rep][rank] added to `vary` inputs
-
-
-def poison_value(dtype: np.dtype | str):
-    dtype = np.dtype(dtype)
-    if dtype.kind in FLOAT_KINDS:
-        return np.nan
-    if dtype.kind == "i":
-        return np.iinfo(dtype).min
-    if dtype.kind == "u":
-        return np.iinfo(dtype).max
-    return 0
 
 
 def compare(got: np.ndarray, want: np.ndarray, rtol: float, atol: float) -> str | None:
