@@ -194,7 +194,11 @@ def main(argv: list[str] | None = None) -> int:
     tsk.add_argument("suites", nargs="?", default="suites")
     tsk.set_defaults(func=cmd_tasks)
     args = parser.parse_args(argv)
-    return args.func(args)
+    try:
+        return args.func(args)
+    except BrokenPipeError:  # `commbench report ... | head`
+        sys.stderr.close()
+        return 0
 
 
 if __name__ == "__main__":

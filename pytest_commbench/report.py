@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 from tabulate import tabulate
 
-from .scoring import band, breakdown, score
+from .scoring import NOT_APPLICABLE, band, breakdown, score
 
 WriteLine = Callable[[str], None]
 WriteSep = Callable[[str, str], None]
@@ -42,6 +42,15 @@ def render(records: list[dict], write_line: WriteLine, write_sep: WriteSep,
     solutions = [r for r in records if r.get("kind", "solution") == "solution"]
     mutants = [r for r in records if r.get("kind") == "mutant"]
     write_sep("=", header)
+    skipped = [r for r in records if r["verdict"] == "skipped"]
+    solutions = [r for r in solutions if r["verdict"] != "skipped"]
+    mutants = [r for r in mutants if r["verdict"] != "skipped"]
+    if skipped:
+        reasons: dict[str, int] = {}
+        for r in skipped:
+            reasons[r.get("message", "")] = reasons.get(r.get("message", ""), 0) + 1
+        write_line(f"{len(skipped)} items skipped: "
+                   + "; ".join(f"{n} x {why}" for why, n in sorted(reasons.items())))
     if solutions:
         table = tabulate(_task_rows(solutions),
                          headers=["task", "np", "verdict", "speedup", "band", "per size (count:speedup)"])
@@ -65,13 +74,16 @@ def render(records: list[dict], write_line: WriteLine, write_sep: WriteSep,
     if mutants:
         if solutions:
             write_line("")
-        rejected = sum(1 for r in mutants if r["verdict"] not in ("pass", "infra_error", "skipped"))
-        survived = [r for r in mutants if r["verdict"] == "pass"]
+        judged = [r for r in mutants if r["verdict"] not in NOT_APPLICABLE]
+        rejected = sum(1 for r in judged if r["verdict"] != "pass")
+        survived = [r for r in judged if r["verdict"] == "pass"]
+        unjudged = len(mutants) - len(judged)
         rows = [[r["task"], r.get("world", ""), r["candidate"], r["verdict"],
                  "SURVIVED" if r["verdict"] == "pass" else "rejected"]
                 for r in sorted(mutants, key=lambda r: r["nodeid"])]
         for line in tabulate(rows, headers=["task", "np", "mutant", "verdict", "checker"]).splitlines():
             write_line(line)
         write_line("")
-        write_line(f"mutants rejected: {rejected}/{len(mutants)}"
+        write_line(f"mutants rejected: {rejected}/{len(judged)}"
+                   + (f" ({unjudged} not run: skipped, infra error or aborted)" if unjudged else "")
                    + (f"; SURVIVED: {', '.join(r['nodeid'] for r in survived)}" if survived else ""))

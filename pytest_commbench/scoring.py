@@ -16,7 +16,9 @@ from dataclasses import dataclass
 
 GOOD = 0.95
 BANDS = ((1.20, "Better"), (0.95, "Comparable"), (0.60, "Degraded"), (0.0, "Severely degraded"))
-NOT_APPLICABLE = ("skipped", "infra_error")
+# not the model's doing: the platform cannot run the task, the harness failed, or the run was
+# stopped while the item ran (a "started" line with no result)
+NOT_APPLICABLE = ("skipped", "infra_error", "aborted")
 
 
 def band(speedup: float | None) -> str:
