@@ -180,6 +180,15 @@ def _interleave(plan: Plan, artifacts: dict[str, Path], rounds: int, lease_env: 
     times = {who: {c.id: [] for c in plan.cases} for who in artifacts}
     output = ""
     order = list(artifacts)
+    if "ref" in artifacts:
+        # a warm-up job (correctness trials only, nothing timed): whatever the first job of an
+        # item pays (page cache, dirty input files being written back, cold imports) is paid
+        # here and not by the reference's first timed job
+        job_dir = plan.settings.work / "warmup"
+        outcome = _judge(plan, job_dir, _run_job(plan, artifacts["ref"], job_dir, lease_env,
+                                                 timed=False))
+        if outcome.verdict is not Verdict.PASS:
+            raise InfraError(f"the reference failed ({outcome.verdict}): {outcome.message}")
     for rnd in range(rounds):
         for who in (order if rnd % 2 == 0 else order[::-1]):
             job_dir = plan.settings.work / f"{who}{rnd}"
@@ -206,7 +215,8 @@ def _write_inputs(io: Path, cases: list[Case]) -> None:
                     np.save(folder / f"{name}.npy", array)
 
 
-def _job_spec(task, cases, io, out, scratch, path, check_reps, settings, backend) -> dict:
+def _job_spec(task, cases, io, out, scratch, path, check_reps, settings, backend,
+              timed: bool = True) -> dict:
     return {
         "solution": str(path),
         "entry": task.entry,
@@ -218,7 +228,7 @@ def _job_spec(task, cases, io, out, scratch, path, check_reps, settings, backend
         "out": str(out),
         "scratch": str(scratch),
         "warmup": settings.warmup,
-        "reps": settings.reps,
+        "reps": settings.reps if timed else 0,
         "max_reps": settings.max_reps,
         "budget_s": settings.budget_s,
         "check_reps": check_reps,
@@ -243,14 +253,15 @@ def _job_spec(task, cases, io, out, scratch, path, check_reps, settings, backend
     }
 
 
-def _run_job(plan: Plan, path: Path, job_dir: Path, lease_env: dict[str, str]) -> Outcome:
+def _run_job(plan: Plan, path: Path, job_dir: Path, lease_env: dict[str, str],
+             timed: bool = True) -> Outcome:
     task, world, platform, settings = plan.task, plan.world, plan.platform, plan.settings
     if job_dir.exists():
         shutil.rmtree(job_dir)
     out = job_dir / "out"
     out.mkdir(parents=True)
     spec = _job_spec(task, plan.cases, plan.io, out, job_dir / "scratch", path, plan.check_reps,
-                     settings, platform.backend)
+                     settings, platform.backend, timed)
     job_file = job_dir / "job.json"
     job_file.write_text(json.dumps(spec))
     def rank_failed() -> bool:
