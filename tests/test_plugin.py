@@ -245,3 +245,16 @@ def test_bad_options_are_usage_errors(bench, args, message):
     result = bench.run(*args)
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     assert message in result.stderr.str()
+
+
+def test_every_world_size_of_the_manifest_is_an_item_and_runs(bench):
+    """World sizes other than the default: 3 (not a power of two) and 8 ranks on the CPU."""
+    suite = bench.add_task()
+    manifest = suite / "task.toml"
+    manifest.write_text(manifest.read_text().replace("ranks = [2]", "ranks = [3, 8]"))
+    result = bench.run("-v")
+    result.assert_outcomes(passed=2)
+    verdicts = bench.verdicts()
+    assert {n.split("::")[1] for n in verdicts} == {"ring_allreduce[np3]", "ring_allreduce[np8]"}
+    result = bench.run("--commbench-model=mutants", "-k", "np8")
+    result.assert_outcomes(passed=3)
