@@ -57,31 +57,66 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
-def markdown_section(records: list[dict], title: str, command: str) -> str:
+def comparisons(records: list[dict], pairs: list[str]) -> list[str]:
+    """Lines of a table: for each `TASK:BASELINE` pair, per size both tasks have, the two
+    medians and how TASK's performance compares with the baseline's (t_baseline / t_task: the
+    bytes are the same, so for a bandwidth this is the ratio of bandwidths)."""
+    by_task = {r["task"]: r for r in records if r.get("sizes")}
+    rows = []
+    for pair in pairs:
+        task, _, base = pair.partition(":")
+        if task not in by_task or base not in by_task:
+            rows.append([task, base, "-", "-", "-", "-", "not both in this run"])
+            continue
+        base_sizes = {(s["count"], s["dtype"]): s for s in by_task[base]["sizes"]}
+        for s in by_task[task]["sizes"]:
+            b = base_sizes.get((s["count"], s["dtype"]))
+            if b is None:
+                continue
+            rows.append([task, base, s["count"], f"{s['bytes']:,}", f"{s['t_sol_us']:.1f}",
+                         f"{b['t_sol_us']:.1f}", f"{100 * b['t_sol_us'] / s['t_sol_us']:.1f}%"])
+    if not rows:
+        return []
+    return ["Against the baselines (medians of the solution-role jobs of this run; "
+            "performance = baseline time / task time):", "",
+            tabulate(rows, headers=["task", "baseline", "count", "bytes", "task us",
+                                    "baseline us", "task perf vs baseline"],
+                     tablefmt="github"), ""]
+
+
+def markdown_section(records: list[dict], title: str, command: str,
+                     compare: list[str] = ()) -> str:
     """A BENCHMARKS.md section: what, where, the command, and the numbers from the log."""
     fp = next((r.get("fingerprint") for r in records if r.get("fingerprint")), {}) or {}
     lines = [f"## {title}", ""]
     lines.append("Hardware and software: " + ", ".join(f"{k} {v}" for k, v in sorted(fp.items())))
-    run = next((r.get("run") for r in records if r.get("run")), "?")
-    seed = next((r.get("seed") for r in records if r.get("seed") is not None), "?")
-    lines += [f"Run {run}, seed {seed}.", "", "Command:", "", "```", command, "```", ""]
+    runs = {r["run"]: r.get("seed") for r in records if r.get("run")}
+    lines += ["; ".join(f"Run {run}, seed {seed}" for run, seed in sorted(runs.items())) + ".",
+              "", "Command:", "", "```", command, "```", ""]
     out: list[str] = []
     render(records, out.append, lambda sep, text: out.append(f"### {text}"),
            header="results")
     body = [x for x in out if not x.startswith("### ")]
     lines += ["```", *body, "```", ""]
+    lines += comparisons(records, list(compare))
     sizes = []
     for r in sorted(records, key=lambda r: r["nodeid"]):
         for s in r.get("sizes", []):
+            jobs = ""
+            if s.get("jobs_ref_us"):
+                jobs = (" ".join(f"{x:.4g}" for x in s["jobs_ref_us"]) + " / "
+                        + " ".join(f"{x:.4g}" for x in s["jobs_sol_us"]))
             sizes.append([r["task"], r.get("world"), s["count"], s["dtype"],
                           f"{s['t_ref_us']:.1f}", f"{s['t_sol_us']:.1f}",
-                          f"{100 * s['spread_sol']:.0f}%",
+                          f"{100 * s['spread_ref']:.0f}%", f"{100 * s['spread_sol']:.0f}%",
                           "-" if s.get("value_sol") is None else f"{s['value_sol']:.3g} {s['unit']}",
-                          f"{s['speedup']:.3f}"])
+                          f"{s['speedup']:.3f}", jobs])
     if sizes:
-        lines += ["Per size (median times over all timed repetitions, spread = IQR / median):", ""]
+        lines += ["Per size (median times over all timed repetitions, spread = IQR / median, "
+                  "then each job's median in the order the jobs ran):", ""]
         lines.append(tabulate(sizes, headers=["task", "np", "count", "dtype", "ref us", "sol us",
-                                              "spread", "metric (sol)", "speedup"],
+                                              "ref spread", "sol spread", "metric (sol)",
+                                              "speedup", "job medians us (ref / sol)"],
                               tablefmt="github"))
         lines.append("")
     return "\n".join(lines)
@@ -101,12 +136,13 @@ def write_section(path: Path, name: str, text: str) -> None:
 
 
 def cmd_markdown(args: argparse.Namespace) -> int:
-    logs = _logs(Path(args.run))
+    logs = [log for run in args.run for log in _logs(Path(run))]
     if not logs:
-        print(f"commbench: no results log at {args.run}", file=sys.stderr)
+        print(f"commbench: no results log at {' '.join(args.run)}", file=sys.stderr)
         return 2
     records = [r for log in logs for r in load(log)]
-    write_section(Path(args.out), args.section, markdown_section(records, args.title, args.command))
+    write_section(Path(args.out), args.section,
+                  markdown_section(records, args.title, args.command, args.compare))
     print(f"commbench: wrote section {args.section!r} of {args.out}")
     return 0
 
@@ -179,11 +215,15 @@ def main(argv: list[str] | None = None) -> int:
     rep.add_argument("paths", nargs="+", help="results.jsonl files, run folders or runs folders")
     rep.set_defaults(func=cmd_report)
     md = sub.add_parser("markdown", help="write a run's figures into a section of BENCHMARKS.md")
-    md.add_argument("run", help="results.jsonl, a run folder or a runs folder (newest run)")
+    md.add_argument("run", nargs="+",
+                    help="results.jsonl, a run folder or a runs folder (newest run); several "
+                         "make one section")
     md.add_argument("--out", default="BENCHMARKS.md")
     md.add_argument("--section", required=True, help="section name (replaced if present)")
     md.add_argument("--title", required=True)
     md.add_argument("--command", required=True, help="the command that produced the run")
+    md.add_argument("--compare", action="append", default=[], metavar="TASK:BASELINE",
+                    help="add a table of TASK against BASELINE per common size (repeatable)")
     md.set_defaults(func=cmd_markdown)
     cmp_ = sub.add_parser("compile", help="build every CUDA template, reference and mutant")
     cmp_.add_argument("suites", nargs="?", default="suites")

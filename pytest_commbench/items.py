@@ -93,7 +93,7 @@ class TaskItem(pytest.Item):
                          "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
         slug = self.nodeid.replace("/", "_").replace("::", "__").replace("[", "_").rstrip("]")
         settings = Settings(
-            seed=state.item_seed(self.nodeid), work=state.run_dir / "work" / slug,
+            seed=state.item_seed(self.nodeid), work=state.work_dir / slug,
             cache=state.run_dir / "build", references=state.references, rounds=state.rounds,
             reps=state.reps, max_reps=state.max_reps, budget_s=state.budget,
             warmup=state.warmup, timeout=state.timeout, keep=state.keep,

@@ -16,6 +16,8 @@ PLATFORM_DESC = "platform to run on: auto (default), cpu, h200, b300, gh200, mi3
 SEED_DESC = "secret seed of the random inputs (default: a fresh one per run, printed)"
 TIMEOUT_DESC = "per-job deadline in seconds (default: the task manifest's timeout)"
 RUNS_DESC = "where result logs and scratch directories go (default .commbench/runs)"
+SCRATCH_DESC = ("where items' scratch directories (inputs, outputs) go instead of the runs "
+                "directory, e.g. a tmpfs such as /dev/shm for large sizes")
 ROUNDS_DESC = "interleaved reference/solution rounds per item (default 2)"
 REPS_DESC = "timed repetitions per size per job (default 10)"
 WARMUP_DESC = "untimed warm-up calls per size per job (default 2)"
@@ -70,6 +72,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         ("--commbench-seed", "seed", _seed, SEED_DESC),
         ("--commbench-timeout", "timeout", _seconds, TIMEOUT_DESC),
         ("--commbench-runs-dir", "runs_dir", str, RUNS_DESC),
+        ("--commbench-scratch", "scratch", str, SCRATCH_DESC),
         ("--commbench-rounds", "rounds", _count, ROUNDS_DESC),
         ("--commbench-reps", "reps", _count, REPS_DESC),
         ("--commbench-warmup", "warmup", _count, WARMUP_DESC),

@@ -177,7 +177,9 @@ def _interleave(plan: Plan, artifacts: dict[str, Path], rounds: int, lease_env: 
     """Run the jobs in ABBA order (ref, sol, sol, ref, ...) so a drift over the item's time
     cancels out; stop at the solution's first failure. Returns per-case times and the
     solution's last output."""
-    times = {who: {c.id: [] for c in plan.cases} for who in artifacts}
+    # per role and case, one list of max-over-ranks times per job
+    times: dict[str, dict[str, list[list[float]]]] = {
+        who: {c.id: [] for c in plan.cases} for who in artifacts}
     output = ""
     order = list(artifacts)
     if "ref" in artifacts:
@@ -201,7 +203,7 @@ def _interleave(plan: Plan, artifacts: dict[str, Path], rounds: int, lease_env: 
             if who == "sol":
                 output = outcome.output
             for cid, ts in outcome.times.items():
-                times[who][cid].extend(ts)
+                times[who][cid].append(ts)
     return times, output
 
 
@@ -372,7 +374,9 @@ def _judge(plan: Plan, job_dir: Path, outcome: Outcome) -> Outcome:
 def _figures(op, task, cases, sol_times, ref_times, record) -> None:
     sizes, ratios = [], []
     for case in cases:
-        sol, ref = summarize(sol_times[case.id]), summarize(ref_times[case.id])
+        sol_jobs, ref_jobs = sol_times[case.id], ref_times[case.id]
+        sol = summarize([t for job in sol_jobs for t in job])
+        ref = summarize([t for job in ref_jobs for t in job])
         nbytes, factor = op.bytes(case.count, case.dtype, case.world, case.params)
         s = speedup(ref, sol)
         ratios.append(s)
@@ -391,6 +395,9 @@ def _figures(op, task, cases, sol_times, ref_times, record) -> None:
             "value_sol": metric_value(sol.median, nbytes, factor, m.bytes, m.unit),
             "value_ref": metric_value(ref.median, nbytes, factor, m.bytes, m.unit),
             "speedup": s,
+            # each job's median, in the order the jobs ran: drift and job-to-job noise show here
+            "jobs_sol_us": [float(np.median(j)) * 1e6 for j in sol_jobs],
+            "jobs_ref_us": [float(np.median(j)) * 1e6 for j in ref_jobs],
         })
     record["sizes"] = sizes
     record["speedup"] = float(np.exp(np.mean(np.log(ratios)))) if ratios else None

@@ -21,6 +21,7 @@ DEFAULTS = {
     "model": "reference",
     "platform": "auto",
     "runs_dir": ".commbench/runs",
+    "scratch": None,
     "rounds": 2,
     "reps": 10,
     "warmup": 2,
@@ -56,6 +57,7 @@ class CommbenchState:
     seed: int
     run_id: str
     run_dir: Path
+    work_dir: Path  # items' scratch directories (inputs, outputs, jobs)
     references: Path
     suites: Path
     rounds: int
@@ -111,6 +113,8 @@ def create(config: pytest.Config) -> CommbenchState:
     if not runs_dir.is_absolute():
         runs_dir = root / runs_dir
     run_dir = runs_dir / run_id
+    scratch = setting(config, "scratch")
+    work_dir = (Path(scratch) / run_id if scratch else run_dir) / "work"
     model_name = setting(config, "model")
     platform_name = setting(config, "platform")
     if platform_name == "auto":
@@ -123,6 +127,7 @@ def create(config: pytest.Config) -> CommbenchState:
         seed=int(seed),
         run_id=run_id,
         run_dir=run_dir,
+        work_dir=work_dir,
         references=root / setting(config, "references"),
         suites=root / setting(config, "suites"),
         rounds=int(setting(config, "rounds", int)),

@@ -55,3 +55,16 @@ def test_a_killed_holder_releases_its_devices(tmp_path, ctx):
     p.join(10)
     with lease(2, 2, False, tmp_path) as devices:
         assert devices == [0, 1]
+
+
+def test_ranks_are_pinned_to_distinct_cpus_near_their_gpu():
+    from pytest_commbench.platforms.gpu import parse_cpulist, rank_cpus
+
+    assert parse_cpulist("0-3,8,10-11\n") == [0, 1, 2, 3, 8, 10, 11]
+    local = {"0": parse_cpulist("0-15"), "1": parse_cpulist("0-15"), "2": parse_cpulist("16-31")}
+    allowed = set(range(32))
+    # two GPUs on one NUMA node share its CPUs without overlap; the third gets its own node's
+    assert rank_cpus(["0", "1", "2"], local, allowed) == [[0, 1, 2, 3], [4, 5, 6, 7],
+                                                        [16, 17, 18, 19]]
+    # only CPUs this process may use; a GPU whose CPUs are unknown is not pinned
+    assert rank_cpus(["1", "7"], local, {2, 3, 20}) == [[2, 3], []]

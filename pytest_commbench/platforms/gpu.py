@@ -82,6 +82,53 @@ def nvidia_gpus() -> list[dict[str, str]]:
     return gpus
 
 
+def parse_cpulist(text: str) -> list[int]:
+    """'0-3,8,10-11' (the kernel's cpulist format) -> [0, 1, 2, 3, 8, 10, 11]."""
+    cpus: list[int] = []
+    for part in text.strip().split(","):
+        if "-" in part:
+            lo, hi = part.split("-")
+            cpus.extend(range(int(lo), int(hi) + 1))
+        elif part:
+            cpus.append(int(part))
+    return cpus
+
+
+@functools.lru_cache(maxsize=1)
+def gpu_local_cpus() -> dict[str, list[int]]:
+    """For each GPU (nvidia-smi index), the CPUs of its NUMA node, from the PCI device's
+    local_cpulist; GPUs whose list cannot be read are left out."""
+    if not shutil.which("nvidia-smi"):
+        return {}
+    out = _run(["nvidia-smi", "--query-gpu=index,pci.bus_id", "--format=csv,noheader"])
+    found = {}
+    for line in out.strip().splitlines():
+        index, _, bus = (p.strip() for p in line.partition(","))
+        # nvidia-smi says 00000000:18:00.0, sysfs 0000:18:00.0
+        path = Path("/sys/bus/pci/devices") / bus.lower()[-12:] / "local_cpulist"
+        try:
+            found[index] = parse_cpulist(path.read_text())
+        except (OSError, ValueError):
+            continue
+    return found
+
+
+def rank_cpus(gpu_ids: list[str], local: dict[str, list[int]], allowed: set[int],
+              per_rank: int = 4) -> list[list[int]]:
+    """CPUs for the rank driving each GPU: near its GPU, not shared with another rank, at most
+    `per_rank` (the rank's thread and the libraries' helper threads). A rank whose GPU's CPUs
+    are unknown or all taken gets [] (not pinned)."""
+    taken: set[int] = set()
+    plan = []
+    for gid in gpu_ids:
+        near = [c for c in local.get(gid, []) if c in allowed and c not in taken]
+        sharing = max(1, sum(1 for g in gpu_ids if local.get(g) == local.get(gid)))
+        mine = near[:max(1, min(per_rank, len(local.get(gid, [])) // sharing))] if near else []
+        taken.update(mine)
+        plan.append(mine)
+    return plan
+
+
 @functools.lru_cache(maxsize=1)
 def nvlink_topology() -> str:
     """`nvidia-smi topo -m`, the matrix of how the GPUs are linked (NV18 = 18 NVLinks)."""
@@ -158,10 +205,17 @@ class GpuPlatform(Platform):
         with lease(world, total, exclusive) as devices:
             visible = os.environ.get("CUDA_VISIBLE_DEVICES")
             ids = [x.strip() for x in visible.split(",")] if visible else [str(i) for i in range(total)]
-            yield {"CUDA_VISIBLE_DEVICES": ",".join(ids[d] for d in devices)}
+            mine = [ids[d] for d in devices]
+            env = {"CUDA_VISIBLE_DEVICES": ",".join(mine)}
+            # each rank runs on CPUs of its GPU's NUMA node (the rank harness pins itself)
+            cpus = rank_cpus(mine, gpu_local_cpus(), os.sched_getaffinity(0))
+            if any(cpus):
+                env["COMMBENCH_RANK_CPUS"] = ";".join(",".join(map(str, c)) for c in cpus)
+            yield env
 
     def env(self) -> dict[str, str]:
         env = dict(SAFETY_ENV)
+        env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"  # CUDA's device numbers are nvidia-smi's
         env["CUPY_TF32"] = "0"  # float32 means float32: the oracles' tolerances assume it
         libs = find_cuda_libs()
         paths = [str(p) for p in (libs.nccl_lib, libs.nvshmem_lib) if p]

@@ -44,6 +44,15 @@ class CudaBackend:
     def to_host(self, buf) -> np.ndarray:
         return buf.get()
 
+    def copy(self, buf):
+        out = self.empty(buf.shape, buf.dtype)
+        out[...] = buf
+        return out
+
+    def shift(self, dst, base, by: int) -> None:
+        """dst = base + by on the device (IEEE rounding: the same as the oracle's numpy)."""
+        self.cp.add(base, np.asarray(by, dtype=dst.dtype), out=dst)
+
     def poison(self, buf) -> None:
         buf.fill(poison_value(buf.dtype))
 
@@ -59,6 +68,17 @@ def _mpi():
     from mpi4py import MPI
 
     return MPI
+
+
+def pin_cpus(local: int) -> None:
+    """Run this rank on the CPUs the controller chose near its GPU (COMMBENCH_RANK_CPUS: one
+    comma list per local rank, separated by ';'); threads started later inherit them."""
+    plans = [p for p in os.environ.get("COMMBENCH_RANK_CPUS", "").split(";")]
+    if local < len(plans) and plans[local]:
+        try:
+            os.sched_setaffinity(0, {int(c) for c in plans[local].split(",")})
+        except (OSError, ValueError):
+            pass  # a CPU set the container does not allow: run unpinned
 
 
 def local_rank(world) -> int:

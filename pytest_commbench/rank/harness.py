@@ -17,6 +17,10 @@ import numpy as np
 
 from .backends import make_backend
 
+WARMUP_S = 0.02  # untimed calls before a case's timed repetitions, at least this long ...
+MAX_WARMUP_CALLS = 200  # ... but no more calls than this
+START_AHEAD_S = 200e-6  # how far ahead of now rank 0 sets a repetition's common start
+
 
 class Status:
     """A small JSON file per rank that says how far the rank got (read after a crash)."""
@@ -79,12 +83,16 @@ def run(job: dict, world, rank: int, size: int, status: Status) -> None:
     backend = make_backend(job.get("backend", "cpu"))
     harness = world.Dup()  # the harness's own messages never mix with the solution's
     solution_comm = world.Dup()
+    hostname = socket.gethostname()
+    job["one_host"] = len(set(harness.allgather(hostname))) == 1
     scratch = Path(job["scratch"]) / f"r{rank}"
     scratch.mkdir(parents=True, exist_ok=True)
     extra: dict[str, Any] = {}
     gpu = None
     if backend.name == "cuda":
-        from .gpu import GpuWorld
+        from .gpu import GpuWorld, local_rank, pin_cpus
+
+        pin_cpus(local_rank(world))
 
         status.update(phase="set up the GPU world")
         gpu = GpuWorld(job, world, harness, rank, size)
@@ -99,7 +107,6 @@ def run(job: dict, world, rank: int, size: int, status: Status) -> None:
         fn = NativeSolution(job["solution"], gpu, "ipc" in job.get("fixtures", []))
     else:
         fn = load_solution(job["solution"], job["entry"])
-    hostname = socket.gethostname()
     for case in job["cases"]:
         ctx = Context(comm=solution_comm, rank=rank, world_size=size, hostname=hostname,
                       params=case["params"], scratch=scratch, **extra)
@@ -183,33 +190,31 @@ class CaseRunner:
         return events
 
     def timing(self) -> list[float]:
-        """Warm-up, then barrier-aligned repetitions: at least job["reps"], more while the time
-        budget lasts (rank 0 decides for all). Inputs named in `vary` shift every repetition;
-        the chosen repetitions' outputs and the last one's are saved for checking."""
+        """Warm-up, then repetitions that start together: at least job["reps"], more while the
+        time budget lasts (rank 0 decides for all). Inputs named in `vary` shift every
+        repetition; the chosen repetitions' outputs and the last one's are saved for checking.
+        A repetition's time on a rank runs from the common start until this rank's device is
+        idle; the controller takes the slowest rank's."""
         from mpi4py import MPI
 
         job, case, b, rank = self.job, self.case, self.backend, self.rank
         self.status.update(phase=f"case {case['id']} timing")
         inputs, outputs = self.buffers(0)
-        base = {name: b.to_host(inputs[name]) for name in case["vary"]}
+        base = {name: b.copy(inputs[name]) for name in case["vary"]}
         self.set_extra(0)
         self.bind({**inputs, **outputs})
-        for _ in range(job["warmup"]):
-            self.call()
-        b.synchronize()
+        self.warm_up()
         check_reps = set(job["check_reps"])
         max_reps = len(case["shifts"]) or job["max_reps"]
         times: list[float] = []
         spent, rep, more = 0.0, 0, True
         while more:
             for name in case["vary"]:
-                shift = np.asarray(case["shifts"][rep][rank], dtype=base[name].dtype)
-                b.upload(inputs[name], base[name] + shift)
+                b.shift(inputs[name], base[name], case["shifts"][rep][rank])
             for buf in outputs.values():
                 b.poison(buf)
             b.synchronize()
-            self.harness.Barrier()
-            t0 = b.clock()
+            t0 = self.start_together()
             self.call()
             b.synchronize()
             times.append(b.clock() - t0)
@@ -222,3 +227,35 @@ class CaseRunner:
             if rep - 1 in check_reps or not more:
                 self.save(self.out / f"rep{rep - 1}" / f"r{rank}", outputs)
         return times
+
+    def warm_up(self) -> None:
+        """job["warmup"] calls, then as many more as fill WARMUP_S (clocks, caches, lazy
+        set-up of libraries): every rank makes the same number of calls."""
+        from mpi4py import MPI
+
+        b = self.backend
+        b.synchronize()
+        self.harness.Barrier()
+        t0 = b.clock()
+        for _ in range(self.job["warmup"]):
+            self.call()
+        b.synchronize()
+        per_call = (b.clock() - t0) / max(self.job["warmup"], 1)
+        per_call = self.harness.allreduce(per_call, op=MPI.MAX)
+        extra = min(MAX_WARMUP_CALLS, int(WARMUP_S / per_call)) if per_call > 0 else 0
+        for _ in range(extra if self.job["warmup"] > 0 else 0):
+            self.call()
+        b.synchronize()
+
+    def start_together(self) -> float:
+        """Align the ranks' start: on one host, every rank waits for a start time rank 0 sets
+        a little ahead (the monotonic clock is the same for every process of a host), which
+        is tighter than the skew of leaving a barrier; across hosts, a barrier."""
+        clock = self.backend.clock
+        if not self.job.get("one_host"):
+            self.harness.Barrier()
+            return clock()
+        start = self.harness.bcast(clock() + START_AHEAD_S if self.rank == 0 else None, root=0)
+        while clock() < start:
+            pass
+        return start

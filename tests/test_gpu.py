@@ -1,0 +1,77 @@
+"""On a machine with NVIDIA GPUs (skipped elsewhere): a GPU solution that deadlocks is killed
+at its deadline, and the GPUs are clean afterwards: no process of the job left on them, their
+memory back to what it was, and the next item passes."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import time
+
+import pytest
+
+from pytest_commbench.platforms.gpu import detect, nvidia_gpus
+
+pytestmark = pytest.mark.skipif(
+    detect() is None or len(nvidia_gpus()) < 2, reason="needs 2 NVIDIA GPUs of a known model")
+
+
+def _smi(query: str) -> list[str]:
+    out = subprocess.run(["nvidia-smi", f"--query-{query}", "--format=csv,noheader,nounits"],
+                         capture_output=True, text=True, check=True).stdout
+    return [line.strip() for line in out.splitlines() if line.strip()]
+
+
+def memory_used_mib() -> list[int]:
+    return [int(x) for x in _smi("gpu=memory.used")]
+
+
+def compute_pids() -> list[str]:
+    return _smi("compute-apps=pid")
+
+
+def test_a_deadlocked_gpu_solution_is_killed_and_the_gpus_are_clean(bench, processes_with):
+    bench.add_task("p2p/flag_pingpong", ranks=None)
+    bench.add_task("p2p/ce_peer_copy", ranks=None)  # runs after the deadlock, must pass
+    ref = bench.root / "references" / "p2p" / "flag_pingpong" / "solution.cu"
+    text = ref.read_text()
+    # rank 1 waits for a flag value nobody ever writes, so rank 0 waits on rank 1 for ever:
+    # both GPUs spin inside their kernels
+    wait = "wait_epoch(flags + b, epoch)"
+    assert text.count(wait) == 1
+    dead = bench.root / "deadlock"
+    (dead / "p2p" / "flag_pingpong").mkdir(parents=True)
+    (dead / "p2p" / "flag_pingpong" / "solution.cu").write_text(
+        text.replace(wait, "wait_epoch(flags + b, epoch + 1)"))
+    (dead / "p2p" / "ce_peer_copy").mkdir(parents=True)
+    shutil.copy(bench.root / "references" / "p2p" / "ce_peer_copy" / "solution.cu",
+                dead / "p2p" / "ce_peer_copy" / "solution.cu")
+    assert compute_pids() == [], "the GPUs are busy before the test"
+    before = memory_used_mib()
+
+    start = time.monotonic()
+    result = bench.run("--platform=auto", f"--commbench-model=dir:{dead}",
+                       "--commbench-timeout=20", "-p", "no:randomly")
+    elapsed = time.monotonic() - start
+    verdicts = bench.verdicts()
+    assert verdicts == {
+        "suites/p2p/flag_pingpong/task.toml::flag_pingpong[np2]": "timeout",
+        "suites/p2p/ce_peer_copy/task.toml::ce_peer_copy[np2]": "pass",
+    }, result.stdout.str()[-3000:]
+    result.stdout.fnmatch_lines(["*verdict: timeout*", "*did not finish within 20 s*"])
+    (timed_out,) = [r for r in bench.records() if r["verdict"] == "timeout"]
+    assert timed_out["duration_s"] < 20 + 45  # the warm-up and reference jobs ran first
+    assert elapsed < 20 + 10 + 180
+
+    assert [p for p in processes_with(b"pytest_commbench.rank")
+            if str(bench.root).encode() in open(f"/proc/{p}/cmdline", "rb").read()] == []
+    # the driver frees a killed context's memory asynchronously: give it a few seconds
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline and (compute_pids() or any(
+            after > b + 64 for after, b in zip(memory_used_mib(), before))):
+        time.sleep(0.5)
+    assert compute_pids() == []
+    after = memory_used_mib()
+    assert all(a <= b + 64 for a, b in zip(after, before)), (before, after)
+    print(f"GPU memory used (MiB) before {before}, after {after}; run took {elapsed:.1f} s, "
+          f"the deadlocked item {timed_out['duration_s']:.1f} s")
