@@ -140,7 +140,8 @@ def cmd_markdown(args: argparse.Namespace) -> int:
     if not logs:
         print(f"commbench: no results log at {' '.join(args.run)}", file=sys.stderr)
         return 2
-    records = [r for log in logs for r in load(log)]
+    # an item found in several logs counts once: the later log's record wins
+    records = list({r.get("nodeid", id(r)): r for log in logs for r in load(log)}.values())
     write_section(Path(args.out), args.section,
                   markdown_section(records, args.title, args.command, args.compare))
     print(f"commbench: wrote section {args.section!r} of {args.out}")

@@ -208,7 +208,9 @@ class GpuPlatform(Platform):
             mine = [ids[d] for d in devices]
             env = {"CUDA_VISIBLE_DEVICES": ",".join(mine)}
             # each rank runs on CPUs of its GPU's NUMA node (the rank harness pins itself)
-            cpus = rank_cpus(mine, gpu_local_cpus(), os.sched_getaffinity(0))
+            # (COMMBENCH_PIN=0 leaves the placement to the launcher and the kernel)
+            pin = os.environ.get("COMMBENCH_PIN", "1") != "0"
+            cpus = rank_cpus(mine, gpu_local_cpus(), os.sched_getaffinity(0)) if pin else []
             if any(cpus):
                 env["COMMBENCH_RANK_CPUS"] = ";".join(",".join(map(str, c)) for c in cpus)
             yield env
