@@ -1,0 +1,117 @@
+"""Every task's oracle at world sizes 2, 4 and 8 (and the manifest's own), on the CPU: the
+expected outputs pass, a single wrong element on the last rank is caught, and so is a timed
+repetition's shifted input mistaken for trial 0's. The GPU topology parser and the job's NVLink
+matrix are checked on synthetic 8-GPU `nvidia-smi topo -m` output."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from pytest_commbench import checks
+from pytest_commbench.checks.gpu_topology import TopologyError, job_matrix, parse_topo
+from pytest_commbench.tasks import load_task
+
+REPO = Path(__file__).resolve().parent.parent
+HOST_DEPENDENT = {"nvlink_matrix"}  # its answer is this machine's topology (tested below)
+TASKS = sorted(p.parent for p in (REPO / "suites").glob("*/*/task.toml"))
+
+
+def _task(path: Path):
+    return load_task(path / "task.toml", REPO / "suites")
+
+
+def _outputs_as_expected(op, trial, case):
+    want = op.expected(trial, case.count, case.dtype, case.world, case.params)
+    got = []
+    for rank, spec in enumerate(trial.outputs):
+        # an output the oracle does not check (a rank that takes no part) stays zero
+        got.append({name: _padded(want[rank].get(name, np.zeros(0)), shape, dtype)
+                    for name, (shape, dtype) in spec.items()})
+    return got
+
+
+def _padded(value, shape, dtype):
+    """The output buffer holding the answer (first, where the buffer has room for more)."""
+    out = np.zeros(shape, dtype=dtype)
+    value = np.asarray(value)
+    if value.size == out.size:
+        return value.astype(dtype).reshape(shape)
+    if value.size:
+        out[tuple(slice(0, n) for n in value.shape)] = value
+    return out
+
+
+def _events(world: int, delays: list[float]) -> list[dict[str, float]]:
+    last = max(delays) if delays else 0.0
+    return [{"t_enter": d, "t_exit": last + 1e-4} for d in (delays or [0.0] * world)]
+
+
+@pytest.mark.parametrize("path", TASKS, ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_the_oracle_works_at_every_world_size(path):
+    task = _task(path)
+    op = checks.get(task.check.op)
+    if op.name in HOST_DEPENDENT:
+        pytest.skip("the oracle reads this machine's GPUs")
+    rng = np.random.default_rng(7)
+    for world in sorted({2, 4, 8, *task.ranks}):
+        for count in task.sizes[:2]:  # the smallest: the oracles are float64, some are GEMMs
+            dtype = task.check.dtypes[0]
+            case = op.make_case(rng, "c0", count, dtype, world, task.check.params, 2, 4)
+            trial = case.trials[0]
+            good = _outputs_as_expected(op, trial, case)
+            events = _events(world, trial.delays)
+            where = f"{task.relpath} world {world} count {count}"
+            assert op.verify(trial, good, events, case, task.check.rtol, task.check.atol) == [], where
+            if not any(spec for spec in trial.outputs):
+                # nothing to corrupt (a barrier): a rank that leaves early instead
+                early = [dict(e) for e in events]
+                late = int(np.argmax(trial.delays))
+                early[(late + 1) % world]["t_exit"] = early[late]["t_enter"] - 1e-3
+                assert op.verify(trial, good, early, case, task.check.rtol, task.check.atol), where
+                continue
+            bad = [{k: v.copy() for k, v in r.items()} for r in good]
+            # the last rank's first output with a non-empty answer (a rank may receive nothing)
+            want = op.expected(trial, case.count, case.dtype, case.world, case.params)
+            rank, name = next((r, k) for r in reversed(range(world)) for k in trial.outputs[r]
+                              if np.asarray(want[r].get(k, [])).size)
+            flat = bad[rank][name].reshape(-1)
+            # well beyond any tolerance: 1% and one unit off
+            flat[0] = flat[0] + 3 if flat.dtype.kind in "iu" else flat[0] * 1.01 + 1
+            assert op.verify(trial, bad, events, case, task.check.rtol, task.check.atol), where
+            if case.vary:
+                # a timed repetition's answer is the shifted inputs' one, not trial 0's
+                shifted = op.shifted(case, 0)
+                assert op.verify(shifted, good, events, case, task.check.rtol,
+                                 task.check.atol), where
+
+
+def _topo_text(n: int, links: str = "NV18") -> str:
+    header = "\t" + "\t".join(f"GPU{j}" for j in range(n)) + "\tCPU Affinity\tNUMA Affinity\n"
+    rows = []
+    for i in range(n):
+        cells = ["X" if i == j else links for j in range(n)]
+        rows.append(f"GPU{i}\t" + "\t".join(cells) + f"\t0-{n * 4 - 1}\t0\n")
+    return header + "".join(rows) + "\nLegend:\n\n  X    = Self\n  NV#  = Connection ...\n"
+
+
+def test_an_eight_gpu_nvswitch_box_gives_every_job_size_its_matrix():
+    topo = parse_topo(_topo_text(8))
+    assert topo.shape == (8, 8) and (np.diag(topo) == 0).all()
+    assert (topo[~np.eye(8, dtype=bool)] == 18).all()
+    for world in (2, 4, 8):
+        m = job_matrix(topo, list(range(8)), world)
+        assert m.shape == (world, world)
+        assert (m == 18 * (1 - np.eye(world, dtype=np.int64))).all()
+
+
+def test_a_job_matrix_that_depends_on_the_leased_gpus_is_refused():
+    topo = parse_topo(_topo_text(4))
+    topo[0, 1] = topo[1, 0] = 4  # one pair differs: which two GPUs a 2-rank job gets matters
+    with pytest.raises(TopologyError, match="differs"):
+        job_matrix(topo, list(range(4)), 2)
+    assert job_matrix(topo, list(range(4)), 4)[0, 1] == 4  # all four: one answer
+    with pytest.raises(TopologyError, match="sees only"):
+        job_matrix(topo, [0, 1], 4)
