@@ -26,6 +26,10 @@ def test_reference_passes_and_reports_scores(bench):
     (record,) = bench.records()
     assert record["verdict"] == "pass" and record["kind"] == "solution"
     assert len(record["sizes"]) == 5 and all(s["speedup"] > 0 for s in record["sizes"])
+    # one median per timed job and role (rounds = 1 here), in the time unit of the sizes
+    for s in record["sizes"]:
+        assert len(s["jobs_ref_us"]) == len(s["jobs_sol_us"]) == 1
+        assert s["jobs_sol_us"][0] == pytest.approx(s["t_sol_us"])
     assert record["fingerprint"]["platform"] == "cpu"
     props = {p.get("name"): p.get("value")
              for p in ET.parse(bench.root / "out.xml").iter("property")}
@@ -258,3 +262,15 @@ def test_every_world_size_of_the_manifest_is_an_item_and_runs(bench):
     assert {n.split("::")[1] for n in verdicts} == {"ring_allreduce[np3]", "ring_allreduce[np8]"}
     result = bench.run("--commbench-model=mutants", "-k", "np8")
     result.assert_outcomes(passed=3)
+
+
+def test_scratch_goes_where_asked_and_the_results_log_stays_in_the_runs_dir(bench, tmp_path):
+    bench.add_task()
+    scratch = tmp_path / "fast"
+    result = bench.run(f"--commbench-scratch={scratch}", "--commbench-keep")
+    result.assert_outcomes(passed=1)
+    (run,) = [p for p in (bench.root / "runs").iterdir() if p.is_dir()]
+    assert (run / "results.jsonl").is_file()
+    assert not (run / "work").exists()
+    kept = list((scratch / run.name / "work").glob("*/sol0/job.json"))
+    assert len(kept) == 1
