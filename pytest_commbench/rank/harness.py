@@ -248,12 +248,15 @@ class CaseRunner:
         b.synchronize()
 
     def start_together(self) -> float:
-        """Align the ranks' start: on one host, every rank waits for a start time rank 0 sets
-        a little ahead (the monotonic clock is the same for every process of a host), which
-        is tighter than the skew of leaving a barrier; across hosts, a barrier."""
+        """Align the ranks' start: after a barrier, on one host, every rank waits for a start
+        time rank 0 sets a little ahead (the monotonic clock is the same for every process of
+        a host), which is tighter than the skew of leaving a barrier; across hosts, the
+        barrier alone."""
         clock = self.backend.clock
+        # every rank is ready (its inputs shifted, outputs poisoned, device idle) before a
+        # start is set: a rank still busy would otherwise start late and be charged for it
+        self.harness.Barrier()
         if not self.job.get("one_host"):
-            self.harness.Barrier()
             return clock()
         start = self.harness.bcast(clock() + START_AHEAD_S if self.rank == 0 else None, root=0)
         while clock() < start:
