@@ -115,7 +115,7 @@ extern "C" int commbench_run(const commbench_ctx* ctx) {
   cudaStream_t stream = (cudaStream_t)ctx->stream;
   // >>> COMMBENCH EDIT launch
   // mutant: puts its own sendbuf in slot 0 (as if it were rank 0) instead of slot rank:
-  // right on rank 0, but rank 1 adds its own input twice and never reads rank 0's
+  // right on rank 0, but every other rank adds its own input twice and never reads rank 0's
   const int n = ctx->world_size;
   if (n < 1 || n > MAX_RANKS || ctx->workspace_bytes < sizeof(Flags)) return 2;
   if (count == 0) return 0;  // the same on every rank: nobody launches, nobody waits

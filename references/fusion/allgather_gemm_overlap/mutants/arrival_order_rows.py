@@ -10,7 +10,8 @@ def allgather_matmul(ctx, a_shard: cupy.ndarray, b: cupy.ndarray, c: cupy.ndarra
     stream: cupy.cuda.Stream = ctx.stream
     # >>> COMMBENCH EDIT allgather_matmul
     # mutant: stores the shard of step s at rows s*m (the order in which shards arrive)
-    # instead of the rows of the rank it came from: right on rank 0 only
+    # instead of the rows of the rank it came from: right only on rank 0 at 2 ranks (where
+    # step s brings rank s's shard); with more ranks every rank is wrong
     world, rank = ctx.world_size, ctx.rank
     m = a_shard.shape[0]
     state = allgather_matmul.__dict__
