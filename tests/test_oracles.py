@@ -115,3 +115,25 @@ def test_a_job_matrix_that_depends_on_the_leased_gpus_is_refused():
     assert job_matrix(topo, list(range(4)), 4)[0, 1] == 4  # all four: one answer
     with pytest.raises(TopologyError, match="sees only"):
         job_matrix(topo, [0, 1], 4)
+
+
+@pytest.mark.parametrize("rtol, atol", [(0.0, 0.0), (1e-5, 1e-3)])
+def test_compare_counts_every_wrong_element_across_chunks(monkeypatch, rtol, atol):
+    from pytest_commbench.checks import base
+
+    monkeypatch.setattr(base, "CHUNK", 7)  # many chunks, the wrong elements in several
+    want = np.arange(50, dtype=np.float64) / 4
+    got = want.astype(np.float32)
+    assert base.compare(got, want, rtol, atol) is None
+    got[[9, 10, 31]] += 1
+    got[44] = np.nan  # never written
+    msg = base.compare(got, want, rtol, atol)
+    assert msg.startswith("4 of 50 elements wrong; first at index 9: got") and "3.25" in msg
+    got[:] = np.nan
+    assert "(poison: the element was never written)" in base.compare(got, want, rtol, atol)
+    ints = np.arange(50, dtype=np.int64)
+    assert base.compare(ints.reshape(5, 10), ints.reshape(5, 10), 0, 0) is None
+    bad = ints.copy()
+    bad[23] = -1
+    assert base.compare(bad.reshape(5, 10), ints.reshape(5, 10), 0, 0).startswith(
+        "1 of 50 elements wrong; first at index (2, 3)")
