@@ -31,8 +31,8 @@ def compute_pids() -> list[str]:
 
 
 def test_a_deadlocked_gpu_solution_is_killed_and_the_gpus_are_clean(bench, processes_with):
-    bench.add_task("p2p/flag_pingpong", ranks=None)
-    bench.add_task("p2p/ce_peer_copy", ranks=None)  # runs after the deadlock, must pass
+    bench.add_task("p2p/flag_pingpong", ranks=2)
+    bench.add_task("p2p/ce_peer_copy", ranks=2)  # runs after the deadlock, must pass
     ref = bench.root / "references" / "p2p" / "flag_pingpong" / "solution.cu"
     text = ref.read_text()
     # rank 1 waits for a flag value nobody ever writes, so rank 0 waits on rank 1 for ever:
@@ -75,3 +75,24 @@ def test_a_deadlocked_gpu_solution_is_killed_and_the_gpus_are_clean(bench, proce
     assert all(a <= b + 64 for a, b in zip(after, before)), (before, after)
     print(f"GPU memory used (MiB) before {before}, after {after}; run took {elapsed:.1f} s, "
           f"the deadlocked item {timed_out['duration_s']:.1f} s")
+
+
+def test_a_slower_gpu_solution_gets_a_speedup_below_one(bench):
+    """The GPU timing path against a solution known to be slower: the SM peer copy with a
+    single thread block instead of two per SM."""
+    bench.add_task("p2p/sm_peer_copy", ranks=2)
+    ref = bench.root / "references" / "p2p" / "sm_peer_copy" / "solution.cu"
+    text = ref.read_text()
+    cap = "if (blocks > (size_t)sms * 2) blocks = (size_t)sms * 2;"
+    assert text.count(cap) == 1
+    slow = bench.root / "slow" / "p2p" / "sm_peer_copy"
+    slow.mkdir(parents=True)
+    (slow / "solution.cu").write_text(text.replace(cap, "blocks = 1;"))
+    result = bench.run("--platform=auto", f"--commbench-model=dir:{bench.root / 'slow'}")
+    result.assert_outcomes(passed=1)
+    (record,) = bench.records()
+    largest = max(record["sizes"], key=lambda s: s["count"])
+    assert largest["speedup"] < 0.25, largest
+    assert record["speedup"] < 0.5
+    print(f"one block: {largest['value_sol']:.1f} GB/s against {largest['value_ref']:.1f} GB/s "
+          f"at {largest['bytes']} bytes; task speedup {record['speedup']:.3f}")
