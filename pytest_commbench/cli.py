@@ -154,6 +154,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
     import tempfile
 
     from .build import build_cuda
+    from .mutants import MutantError, mutants
     from .platforms import PROFILES
     from .verdicts import Rejected, Verdict
 
@@ -170,13 +171,14 @@ def cmd_compile(args: argparse.Namespace) -> int:
         if task.language != "cuda":
             continue
         ref_dir = refs / task.relpath
-        sources = [("template", task.template), ("reference", ref_dir / "solution.cu")]
-        sources += [(f"mutant {p.stem}", p) for p in sorted((ref_dir / "mutants").glob("*.cu"))]
-        for kind, path in sources:
+        sources = [("template", task.template.read_text),
+                   ("reference", (ref_dir / "solution.cu").read_text)]
+        sources += [(f"mutant {name}", load) for name, load in mutants(ref_dir, ".cu")]
+        for kind, read in sources:
             try:
-                build_cuda(task, path.read_text(), cache, arch)
+                build_cuda(task, read(), cache, arch)
                 status = "ok"
-            except OSError as exc:
+            except (OSError, MutantError) as exc:
                 status = f"missing: {exc}"
                 failures.append(f"{task.relpath} {kind}: {status}")
             except Rejected as exc:

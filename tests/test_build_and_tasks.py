@@ -77,3 +77,39 @@ def test_bad_manifest_names_file_and_key(tmp_path, change, key):
         load_task(manifest, tmp_path / "suites")
     assert info.value.key == key
     assert str(manifest) in str(info.value)
+
+
+def test_a_mutant_is_the_reference_with_its_edits(tmp_path):
+    from pytest_commbench.mutants import MutantError, load, mutants
+
+    ref_dir = tmp_path / "ref"
+    (ref_dir / "mutants").mkdir(parents=True)
+    (ref_dir / "solution.py").write_text("a = 1\nb = 2\nb = 2\n")
+    (ref_dir / "mutants" / "one.toml").write_text(
+        "[[replace]]\nold = '''\na = 1\n'''\nnew = '''\na = 3\n'''\n")
+    (ref_dir / "mutants" / "whole.py").write_text("a = 9\n")
+    (ref_dir / "mutants" / "twice.toml").write_text(
+        "[[replace]]\nold = '''\nb = 2\n'''\nnew = '''\nb = 4\n'''\n")
+    found = dict(mutants(ref_dir, ".py"))
+    assert sorted(found) == ["one", "twice", "whole"]
+    assert found["one"]() == "a = 3\nb = 2\nb = 2\n"
+    assert found["whole"]() == "a = 9\n"
+    with pytest.raises(MutantError, match="mutant twice: edit 1's old text occurs 2 times"):
+        found["twice"]()
+    (ref_dir / "mutants" / "bad.toml").write_text("[[replace]]\nold = 'x\n")
+    with pytest.raises(MutantError, match="mutant bad"):
+        load(ref_dir / "mutants" / "bad.toml", ref_dir / "solution.py")
+
+
+def test_every_mutant_of_the_suites_builds_from_its_reference():
+    from pytest_commbench.mutants import mutants
+
+    count = 0
+    for manifest in sorted((REPO / "suites").glob("*/*/task.toml")):
+        task = load_task(manifest, REPO / "suites")
+        ref_dir = REPO / "references" / task.relpath
+        reference = (ref_dir / f"solution{task.suffix}").read_text()
+        for name, read in mutants(ref_dir, task.suffix):
+            assert read() != reference, f"{task.relpath} mutant {name} is the reference"
+            count += 1
+    assert count >= 89

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..mutants import MutantError, mutants
 from ..tasks import Task
 from .base import Candidate, Model, Reply
 
@@ -13,6 +14,15 @@ def _read(path: Path) -> Reply:
         return Reply(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         return Reply(None)
+
+
+def _mutant(load) -> Reply:
+    try:
+        return Reply(load())
+    except FileNotFoundError:
+        return Reply(None)
+    except (MutantError, OSError) as exc:  # the benchmark's own mutant is broken
+        return Reply(None, infra_error=str(exc))
 
 
 class ReferenceModel(Model):
@@ -40,11 +50,8 @@ class MutantsModel(Model):
     name = "mutants"
 
     def candidates(self, task: Task, references: Path) -> list[Candidate]:
-        folder = references / task.relpath / "mutants"
-        return [
-            Candidate(f"mutant-{p.stem}", "mutant", lambda p=p: _read(p))
-            for p in sorted(folder.glob(f"*{task.suffix}"))
-        ]
+        return [Candidate(f"mutant-{name}", "mutant", lambda load=load: _mutant(load))
+                for name, load in mutants(references / task.relpath, task.suffix)]
 
 
 class DirModel(Model):
