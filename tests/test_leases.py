@@ -1,6 +1,9 @@
 from __future__ import annotations
 
 import multiprocessing as mp
+import os
+import subprocess
+import sys
 import time
 
 import pytest
@@ -64,7 +67,32 @@ def test_ranks_are_pinned_to_distinct_cpus_near_their_gpu():
     local = {"0": parse_cpulist("0-15"), "1": parse_cpulist("0-15"), "2": parse_cpulist("16-31")}
     allowed = set(range(32))
     # two GPUs on one NUMA node share its CPUs without overlap; the third gets its own node's
-    assert rank_cpus(["0", "1", "2"], local, allowed) == [[0, 1, 2, 3], [4, 5, 6, 7],
+    # (CPU 0, the kernel's housekeeping CPU, only when there is nothing else)
+    assert rank_cpus(["0", "1", "2"], local, allowed) == [[1, 2, 3, 4], [5, 6, 7, 8],
                                                         [16, 17, 18, 19]]
+    assert rank_cpus(["0", "1"], {"0": [0, 1], "1": [0, 1]}, allowed) == [[1], [0]]
     # only CPUs this process may use; a GPU whose CPUs are unknown is not pinned
     assert rank_cpus(["1", "7"], local, {2, 3, 20}) == [[2, 3], []]
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 CPUs")
+def test_the_timing_thread_gets_a_cpu_of_its_own():
+    """Before timing, a GPU rank keeps its first CPU for the thread that times and moves its
+    other threads (libraries' helpers, started before or after pinning) to the rest."""
+    cpus = sorted(os.sched_getaffinity(0))[:3]
+    script = """
+import os, threading
+from pytest_commbench.rank import gpu
+stop = threading.Event()
+early = threading.Thread(target=stop.wait); early.start()
+gpu.pin_cpus(1)
+late = threading.Thread(target=stop.wait); late.start()
+gpu.keep_timing_thread_apart()
+print(sorted(os.sched_getaffinity(0)), sorted(os.sched_getaffinity(early.native_id)),
+      sorted(os.sched_getaffinity(late.native_id)))
+stop.set()
+"""
+    env = {**os.environ, "COMMBENCH_RANK_CPUS": "999;" + ",".join(map(str, cpus))}
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
+                         text=True, check=True).stdout.strip()
+    assert out == f"{[cpus[0]]} {cpus[1:]} {cpus[1:]}"

@@ -116,14 +116,19 @@ def gpu_local_cpus() -> dict[str, list[int]]:
 def rank_cpus(gpu_ids: list[str], local: dict[str, list[int]], allowed: set[int],
               per_rank: int = 4) -> list[list[int]]:
     """CPUs for the rank driving each GPU: near its GPU, not shared with another rank, at most
-    `per_rank` (the rank's thread and the libraries' helper threads). A rank whose GPU's CPUs
-    are unknown or all taken gets [] (not pinned)."""
+    `per_rank` (the rank's timing thread gets the first to itself, the libraries' helper
+    threads the others). CPU 0, where the kernel keeps its housekeeping (timer ticks, most
+    interrupts), is used only when there are not enough others. A rank whose GPU's CPUs are
+    unknown or all taken gets [] (not pinned)."""
     taken: set[int] = set()
     plan = []
     for gid in gpu_ids:
         near = [c for c in local.get(gid, []) if c in allowed and c not in taken]
         sharing = max(1, sum(1 for g in gpu_ids if local.get(g) == local.get(gid)))
-        mine = near[:max(1, min(per_rank, len(local.get(gid, [])) // sharing))] if near else []
+        want = max(1, min(per_rank, len(local.get(gid, [])) // sharing))
+        if len([c for c in near if c != 0]) >= want:
+            near = [c for c in near if c != 0]
+        mine = near[:want]
         taken.update(mine)
         plan.append(mine)
     return plan

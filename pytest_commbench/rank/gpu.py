@@ -70,15 +70,44 @@ def _mpi():
     return MPI
 
 
+_PINNED: list[int] = []  # this rank's CPUs, the timing thread's first
+
+
 def pin_cpus(local: int) -> None:
     """Run this rank on the CPUs the controller chose near its GPU (COMMBENCH_RANK_CPUS: one
     comma list per local rank, separated by ';'); threads started later inherit them."""
     plans = [p for p in os.environ.get("COMMBENCH_RANK_CPUS", "").split(";")]
     if local < len(plans) and plans[local]:
         try:
-            os.sched_setaffinity(0, {int(c) for c in plans[local].split(",")})
+            cpus = [int(c) for c in plans[local].split(",")]
+            os.sched_setaffinity(0, set(cpus))
+            _PINNED[:] = cpus
         except (OSError, ValueError):
             pass  # a CPU set the container does not allow: run unpinned
+
+
+def keep_timing_thread_apart() -> None:
+    """Give the thread that times (this one) the rank's first CPU to itself and move every
+    other thread of the process (NCCL's, NVSHMEM's, MPI's, the solution's) to the rest: a
+    helper thread that wakes on the timing thread's CPU would delay a launch or the return
+    from a synchronize, by an amount that depends on where the scheduler put the threads,
+    i.e. differs from process to process. Called before each case's timing, so threads a
+    solution started while being set up are moved as well."""
+    import threading
+
+    if len(_PINNED) < 2:
+        return
+    me = threading.get_native_id()
+    try:
+        os.sched_setaffinity(0, {_PINNED[0]})
+    except OSError:
+        return
+    for tid in os.listdir("/proc/self/task"):
+        if int(tid) != me:
+            try:
+                os.sched_setaffinity(int(tid), set(_PINNED[1:]))
+            except OSError:
+                pass  # the thread has exited
 
 
 def local_rank(world) -> int:

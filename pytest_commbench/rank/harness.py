@@ -199,6 +199,10 @@ class CaseRunner:
 
         job, case, b, rank = self.job, self.case, self.backend, self.rank
         self.status.update(phase=f"case {case['id']} timing")
+        if b.name == "cuda":
+            from .gpu import keep_timing_thread_apart
+
+            keep_timing_thread_apart()
         inputs, outputs = self.buffers(0)
         base = {name: b.copy(inputs[name]) for name in case["vary"]}
         self.set_extra(0)
