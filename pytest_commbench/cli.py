@@ -148,6 +148,24 @@ def cmd_markdown(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_include(args: argparse.Namespace) -> int:
+    """A measuring tool's own output, verbatim, as a BENCHMARKS.md section (for probes whose
+    figures are not results logs: the latency probe, the peer-copy sweep)."""
+    try:
+        text = Path(args.output).read_text()
+    except OSError as exc:
+        print(f"commbench: cannot read {args.output}: {exc}", file=sys.stderr)
+        return 2
+    if not text.strip():
+        print(f"commbench: {args.output} is empty", file=sys.stderr)
+        return 2
+    body = "\n".join([f"## {args.title}", "", "Command:", "", "```", args.command, "```", "",
+                      "Output:", "", "```", text.rstrip("\n"), "```", ""])
+    write_section(Path(args.out), args.section, body)
+    print(f"commbench: wrote section {args.section!r} of {args.out}")
+    return 0
+
+
 def cmd_compile(args: argparse.Namespace) -> int:
     """Build every CUDA template, reference and mutant with the hidden recipe (what CI can do
     without a GPU): templates and references must build and pass `forbid`; mutants must build."""
@@ -228,6 +246,13 @@ def main(argv: list[str] | None = None) -> int:
     md.add_argument("--compare", action="append", default=[], metavar="TASK:BASELINE",
                     help="add a table of TASK against BASELINE per common size (repeatable)")
     md.set_defaults(func=cmd_markdown)
+    inc = sub.add_parser("include", help="a measuring tool's output, verbatim, as a section")
+    inc.add_argument("output", help="the file the tool's output was saved to")
+    inc.add_argument("--out", default="BENCHMARKS.md")
+    inc.add_argument("--section", required=True, help="section name (replaced if present)")
+    inc.add_argument("--title", required=True)
+    inc.add_argument("--command", required=True, help="the command whose output it is")
+    inc.set_defaults(func=cmd_include)
     cmp_ = sub.add_parser("compile", help="build every CUDA template, reference and mutant")
     cmp_.add_argument("suites", nargs="?", default="suites")
     cmp_.add_argument("--references", default="references")

@@ -274,3 +274,23 @@ def test_scratch_goes_where_asked_and_the_results_log_stays_in_the_runs_dir(benc
     assert not (run / "work").exists()
     kept = list((scratch / run.name / "work").glob("*/sol0/job.json"))
     assert len(kept) == 1
+
+
+def test_a_tools_output_goes_verbatim_into_its_section_and_replaces_it(tmp_path):
+    from pytest_commbench.cli import main
+
+    out, bench_md = tmp_path / "probe.txt", tmp_path / "B.md"
+    out.write_text("job 0  21.3 us\n")
+    args = ["include", str(out), "--out", str(bench_md), "--section", "probe", "--title", "Probe",
+            "--command", "tools/probe"]
+    assert main(args) == 0
+    out.write_text("job 0  19.9 us\n")
+    assert main(args) == 0
+    text = bench_md.read_text()
+    assert text.count("<!-- commbench:probe -->") == 1
+    assert "19.9 us" in text and "21.3" not in text and "tools/probe" in text
+    out.write_text("")
+    assert main(args) == 2  # an empty output is an error, the section stays
+    assert "19.9 us" in bench_md.read_text()
+    assert main(["include", str(tmp_path / "missing.txt"), "--out", str(bench_md),
+                 "--section", "p", "--title", "P", "--command", "c"]) == 2
