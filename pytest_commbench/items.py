@@ -95,6 +95,7 @@ class TaskItem(pytest.Item):
         settings = Settings(
             seed=state.item_seed(self.nodeid), work=state.work_dir / slug,
             cache=state.run_dir / "build", references=state.references, rounds=state.rounds,
+            max_rounds=state.max_rounds, precision=state.precision,
             reps=state.reps, max_reps=state.max_reps, budget_s=state.budget,
             warmup=state.warmup, timeout=state.timeout, keep=state.keep,
             exclusive=state.exclusive,
@@ -144,7 +145,8 @@ def describe(record: dict[str, Any], headline: str) -> str:
 
 
 SUMMARY_KEYS = ("nodeid", "task", "title", "category", "library", "difficulty", "setup", "world",
-                "model", "candidate", "kind", "verdict", "message", "speedup", "band", "sizes",
+                "model", "candidate", "kind", "verdict", "message", "speedup", "speedup_se",
+                "timing_rounds", "band", "sizes",
                 "cost", "tokens_in", "tokens_out", "seed", "run")
 
 
@@ -159,6 +161,9 @@ def junit_properties(record: dict[str, Any]) -> list[tuple[str, Any]]:
     if record.get("speedup") is not None:
         props += [("commbench.speedup", round(record["speedup"], 4)),
                   ("commbench.band", record.get("band", ""))]
+    if record.get("speedup_se") is not None:
+        props += [("commbench.speedup_se", round(record["speedup_se"], 4)),
+                  ("commbench.timing_rounds", record.get("timing_rounds"))]
     for s in record.get("sizes", []):
         key = f"commbench.size.{s['count']}.{s['dtype']}"
         props += [

@@ -18,7 +18,11 @@ TIMEOUT_DESC = "per-job deadline in seconds (default: the task manifest's timeou
 RUNS_DESC = "where result logs and scratch directories go (default .commbench/runs)"
 SCRATCH_DESC = ("where items' scratch directories (inputs, outputs) go instead of the runs "
                 "directory, e.g. a tmpfs such as /dev/shm for large sizes")
-ROUNDS_DESC = "interleaved reference/solution rounds per item (default 2)"
+ROUNDS_DESC = "interleaved reference/solution rounds per item, at least (default 2)"
+MAX_ROUNDS_DESC = ("at most this many rounds: rounds are added while the speedup is less "
+                   "precise than --commbench-precision (default 6)")
+PRECISION_DESC = ("relative uncertainty of an item's speedup (standard error, from how much "
+                  "the jobs scatter) below which no more rounds are added (default 0.03)")
 REPS_DESC = "timed repetitions per size per job (default 10)"
 WARMUP_DESC = "untimed warm-up calls per size per job (default 2)"
 BUDGET_DESC = ("seconds of timed work per size per job; repetitions go on past --commbench-reps "
@@ -51,6 +55,7 @@ def _number(kind: type, minimum: float, inclusive: bool, what: str):
 _count = _number(int, 0, True, "a whole number")
 _seconds = _number(float, 0, False, "seconds")
 _nonnegative_seconds = _number(float, 0, True, "seconds")
+_fraction = _number(float, 0, True, "a fraction")
 
 
 def _seed(text: str) -> int:
@@ -74,6 +79,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         ("--commbench-runs-dir", "runs_dir", str, RUNS_DESC),
         ("--commbench-scratch", "scratch", str, SCRATCH_DESC),
         ("--commbench-rounds", "rounds", _count, ROUNDS_DESC),
+        ("--commbench-max-rounds", "max_rounds", _count, MAX_ROUNDS_DESC),
+        ("--commbench-precision", "precision", _fraction, PRECISION_DESC),
         ("--commbench-reps", "reps", _count, REPS_DESC),
         ("--commbench-warmup", "warmup", _count, WARMUP_DESC),
         ("--commbench-budget", "budget", _nonnegative_seconds, BUDGET_DESC),
@@ -139,7 +146,8 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
     state = config.stash[STATE]
     return [
         f"commbench: model={state.model.name} platform={state.platform.name} "
-        f"seed={state.seed} rounds={state.rounds} reps={state.reps}",
+        f"seed={state.seed} rounds={state.rounds}-{max(state.rounds, state.max_rounds)} "
+        f"(precision {state.precision:g}) reps={state.reps}",
         f"commbench: results log {state.log.path}",
     ]
 

@@ -25,8 +25,10 @@ def _task_rows(records: list[dict]) -> list[list[str]]:
     rows = []
     for r in sorted(records, key=lambda r: r["nodeid"]):
         per_size = " ".join(f"{s['count']}:{s['speedup']:.2f}" for s in r.get("sizes", []))
+        se = r.get("speedup_se")
         rows.append([
             r["task"], r.get("world", ""), r["verdict"], _num(r.get("speedup")),
+            "-" if se is None else f"{100 * se:.1f}%", r.get("timing_rounds") or "-",
             band(r.get("speedup")), per_size or "-",
         ])
     return rows
@@ -53,7 +55,8 @@ def render(records: list[dict], write_line: WriteLine, write_sep: WriteSep,
                    + "; ".join(f"{n} x {why}" for why, n in sorted(reasons.items())))
     if solutions:
         table = tabulate(_task_rows(solutions),
-                         headers=["task", "np", "verdict", "speedup", "band", "per size (count:speedup)"])
+                         headers=["task", "np", "verdict", "speedup", "+/-", "rounds", "band",
+                                  "per size (count:speedup)"])
         for line in table.splitlines():
             write_line(line)
         s = score(solutions)

@@ -24,7 +24,7 @@ from .launch import JobResult, mpi_env, run_job
 from .models.base import Candidate, Reply
 from .platforms.base import Platform
 from .tasks import Task
-from .timing import max_over_ranks, metric_value, speedup, summarize
+from .timing import max_over_ranks, metric_value, speedup, speedup_uncertainty, summarize
 from .verdicts import Rejected, Verdict
 
 MAX_MESSAGES = 5
@@ -40,7 +40,9 @@ class Settings:
     work: Path  # this item's scratch directory
     cache: Path  # build cache shared by the run
     references: Path
-    rounds: int = 2
+    rounds: int = 2  # interleaved reference/solution rounds at least ...
+    max_rounds: int = 6  # ... and at most, while the speedup is less precise than
+    precision: float = 0.03  # this (standard error of its log, from the jobs' scatter)
     reps: int = 10  # minimum timed repetitions per size and job
     max_reps: int = 200  # ... and the most, while the time budget lasts
     budget_s: float = 0.25  # timed seconds per size and job the repetitions may add up to
@@ -149,8 +151,7 @@ def _run(task, world, candidate, platform, settings, record) -> None:
                 settings.timeout or task.timeout)
     artifacts = {"ref": ref_artifact.path, "sol": artifact.path} if timed else {"sol": artifact.path}
     with platform.lease(world, exclusive=timed and settings.exclusive) as lease_env:
-        times, output = _interleave(plan, artifacts, settings.rounds if timed else 1, lease_env,
-                                    record)
+        times, output = _interleave(plan, artifacts, lease_env, record)
     record["output"] = output[-OUTPUT_IN_RECORD:]
     record["verdict"] = Verdict.PASS
     if timed and reps > 0:
@@ -172,28 +173,34 @@ class Plan:
     deadline: float
 
 
-def _interleave(plan: Plan, artifacts: dict[str, Path], rounds: int, lease_env: dict[str, str],
+def _interleave(plan: Plan, artifacts: dict[str, Path], lease_env: dict[str, str],
                 record: dict[str, Any]) -> tuple[dict[str, dict[str, list[float]]], str]:
     """Run the jobs in ABBA order (ref, sol, sol, ref, ...) so a drift over the item's time
-    cancels out; stop at the solution's first failure. Returns per-case times and the
-    solution's last output."""
+    cancels out; stop at the solution's first failure. After the minimum rounds, add rounds
+    while the speedup's uncertainty (from the scatter of the jobs) is above the precision
+    asked for, up to the maximum. Returns per-case times and the solution's last output."""
+    settings = plan.settings
     # per role and case, one list of max-over-ranks times per job
     times: dict[str, dict[str, list[list[float]]]] = {
         who: {c.id: [] for c in plan.cases} for who in artifacts}
     output = ""
     order = list(artifacts)
-    if "ref" in artifacts:
+    timed = "ref" in artifacts
+    if timed:
         # a warm-up job (correctness trials only, nothing timed): whatever the first job of an
         # item pays (page cache, dirty input files being written back, cold imports) is paid
         # here and not by the reference's first timed job
-        job_dir = plan.settings.work / "warmup"
+        job_dir = settings.work / "warmup"
         outcome = _judge(plan, job_dir, _run_job(plan, artifacts["ref"], job_dir, lease_env,
                                                  timed=False))
         if outcome.verdict is not Verdict.PASS:
             raise InfraError(f"the reference failed ({outcome.verdict}): {outcome.message}")
-    for rnd in range(rounds):
+    rounds = settings.rounds if timed else 1
+    most = max(rounds, settings.max_rounds) if timed and settings.reps > 0 else rounds
+    rnd = 0
+    while rnd < rounds or (rnd < most and _imprecise(times, plan, record)):
         for who in (order if rnd % 2 == 0 else order[::-1]):
-            job_dir = plan.settings.work / f"{who}{rnd}"
+            job_dir = settings.work / f"{who}{rnd}"
             outcome = _judge(plan, job_dir, _run_job(plan, artifacts[who], job_dir, lease_env))
             if outcome.verdict is not Verdict.PASS:
                 if who == "ref":
@@ -204,7 +211,22 @@ def _interleave(plan: Plan, artifacts: dict[str, Path], rounds: int, lease_env: 
                 output = outcome.output
             for cid, ts in outcome.times.items():
                 times[who][cid].append(ts)
+        rnd += 1
+    if timed:
+        record["timing_rounds"] = rnd
+        _imprecise(times, plan, record)
     return times, output
+
+
+def _imprecise(times: dict[str, dict[str, list[list[float]]]], plan: Plan,
+               record: dict[str, Any]) -> bool:
+    """Is the speedup so far less precise than asked? (Records the uncertainty.)"""
+    ids = [c.id for c in plan.cases if times["ref"][c.id] and times["sol"][c.id]]
+    if not ids:
+        return False
+    se = speedup_uncertainty([times["ref"][i] for i in ids], [times["sol"][i] for i in ids])
+    record["speedup_se"] = se
+    return se is None or se > plan.settings.precision
 
 
 def _write_inputs(io: Path, cases: list[Case]) -> None:

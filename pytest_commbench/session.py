@@ -23,6 +23,8 @@ DEFAULTS = {
     "runs_dir": ".commbench/runs",
     "scratch": None,
     "rounds": 2,
+    "max_rounds": 6,
+    "precision": 0.03,
     "reps": 10,
     "warmup": 2,
     "budget": 0.25,
@@ -61,6 +63,8 @@ class CommbenchState:
     references: Path
     suites: Path
     rounds: int
+    max_rounds: int
+    precision: float
     reps: int
     warmup: int
     budget: float
@@ -131,6 +135,8 @@ def create(config: pytest.Config) -> CommbenchState:
         references=root / setting(config, "references"),
         suites=root / setting(config, "suites"),
         rounds=int(setting(config, "rounds", int)),
+        max_rounds=int(setting(config, "max_rounds", int)),
+        precision=float(setting(config, "precision", float)),
         reps=int(setting(config, "reps", int)),
         warmup=int(setting(config, "warmup", int)),
         budget=float(setting(config, "budget", float)),

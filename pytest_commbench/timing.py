@@ -62,3 +62,27 @@ def metric_value(seconds: float, nbytes: int, factor: float, rule: str, unit: st
             bw *= factor
         return bw * _RATES[unit]
     return None
+
+
+def job_scores(jobs_by_case: list[list[list[float]]]) -> list[float]:
+    """One figure per job: the mean over sizes of the log of the job's median time. A job is
+    one process, and a process's own speed (its host CPU's, its memory layout's) moves all of
+    its sizes together, so jobs, not repetitions, are the independent samples of an item."""
+    njobs = min(len(jobs) for jobs in jobs_by_case)
+    return [float(np.mean([np.log(np.median(jobs[j])) for jobs in jobs_by_case]))
+            for j in range(njobs)]
+
+
+def speedup_uncertainty(ref_jobs: list[list[list[float]]],
+                        sol_jobs: list[list[list[float]]]) -> float | None:
+    """Standard error of the log of an item's speedup (≈ its relative uncertainty), from how
+    much the jobs' scores scatter: the scatter of reference and solution jobs is pooled (the
+    same machine's process-to-process noise), the error is that of a difference of two means
+    of R jobs each. None with fewer than two jobs per role."""
+    ref, sol = job_scores(ref_jobs), job_scores(sol_jobs)
+    if len(ref) < 2 or len(sol) < 2:
+        return None
+    squares = float(np.sum((np.array(ref) - np.mean(ref)) ** 2)
+                    + np.sum((np.array(sol) - np.mean(sol)) ** 2))
+    pooled = squares / (len(ref) + len(sol) - 2)
+    return float(np.sqrt(pooled * (1 / len(ref) + 1 / len(sol))))

@@ -17,6 +17,7 @@ TASK = "collective/ring_allreduce"
 INI = """[pytest]
 commbench_runs_dir = runs
 commbench_rounds = 1
+commbench_max_rounds = 1
 commbench_reps = 3
 commbench_budget = 0
 commbench_warmup = 1

@@ -6,6 +6,7 @@ import sys
 import time
 import xml.etree.ElementTree as ET
 
+import numpy as np
 import pytest
 
 NODE = "suites/collective/ring_allreduce/task.toml::ring_allreduce[np2]"
@@ -117,6 +118,44 @@ def test_a_slower_solution_gets_a_speedup_below_one(bench):
     assert record["speedup"] < 0.5
     assert sorted(s["speedup"] for s in record["sizes"])[2] < 0.7  # the median size
     assert record["band"] == "Severely degraded"
+
+
+def test_rounds_are_added_while_the_speedup_is_imprecise_up_to_the_maximum(bench):
+    bench.add_task(ranks=2)
+    # nothing is ever precise enough: every round up to the maximum runs
+    bench.run("--commbench-rounds=2", "--commbench-max-rounds=3",
+              "--commbench-precision=0").assert_outcomes(passed=1)
+    (record,) = bench.records()
+    assert record["timing_rounds"] == 3
+    assert all(len(s["jobs_ref_us"]) == len(s["jobs_sol_us"]) == 3 for s in record["sizes"])
+    assert record["speedup_se"] > 0
+    # any uncertainty is precise enough: the minimum
+    bench.run("--commbench-rounds=2", "--commbench-max-rounds=3",
+              "--commbench-precision=100").assert_outcomes(passed=1)
+    record = bench.records()[-1]
+    assert record["timing_rounds"] == 2 and len(record["sizes"][0]["jobs_sol_us"]) == 2
+    # shown in the terminal table and in the JUnit properties
+    result = bench.run("--commbench-rounds=2", "--commbench-max-rounds=2", "--junitxml=j.xml")
+    result.stdout.fnmatch_lines(["*+/-*rounds*", "*ring_allreduce*pass*%*2*"])
+    assert 'name="commbench.timing_rounds" value="2"' in (bench.root / "j.xml").read_text()
+
+
+def test_the_speedup_uncertainty_comes_from_the_jobs_scatter():
+    from pytest_commbench.timing import job_scores, speedup_uncertainty
+
+    # two sizes; each job's times are all one value; job scores are mean log medians
+    ref = [[[1.0, 1.0], [1.1]], [[2.0], [2.2]]]
+    assert job_scores(ref) == pytest.approx([np.log(1.0) / 2 + np.log(2.0) / 2,
+                                             np.log(1.1) / 2 + np.log(2.2) / 2])
+    same = [[[1.0]] * 4, [[2.0]] * 4]  # four identical jobs per role: no scatter at all
+    assert speedup_uncertainty(same, same) == 0
+    assert speedup_uncertainty([[[1.0]]], [[[1.0]]]) is None  # one job: unknown
+    # jobs 10% apart: pooled sd of log ~ 0.067, the error of a difference of two means of 2
+    a = [[[1.0], [1.1]]]
+    se = speedup_uncertainty(a, a)
+    assert se == pytest.approx(np.std(np.log([1.0, 1.1]), ddof=1), rel=1e-9)
+    # more jobs of the same scatter: a smaller error
+    assert speedup_uncertainty([[[1.0], [1.1]] * 3], [[[1.0], [1.1]] * 3]) < se
 
 
 def test_a_hanging_rank_is_killed_and_the_next_item_runs(bench, processes_with):
@@ -243,6 +282,7 @@ def test_an_item_that_never_finished_shows_as_aborted(tmp_path):
     (["--platform=abacus"], "unknown platform 'abacus'"),
     (["--commbench-seed=abc"], "expected an integer"),
     (["--commbench-timeout=0"], "expected seconds > 0"),
+    (["--commbench-precision=-0.1"], "expected a fraction >= 0"),
 ])
 def test_bad_options_are_usage_errors(bench, args, message):
     bench.add_task()
