@@ -187,12 +187,13 @@ def _interleave(plan: Plan, artifacts: dict[str, Path], lease_env: dict[str, str
     order = list(artifacts)
     timed = "ref" in artifacts
     if timed:
-        # a warm-up job (correctness trials only, nothing timed): whatever the first job of an
-        # item pays (page cache, dirty input files being written back, cold imports) is paid
-        # here and not by the reference's first timed job
+        # a warm-up job of the reference, timed like the others, its times thrown away:
+        # whatever the first job of an item pays (page cache, input files being written back,
+        # cold imports, devices waking from idle) is paid here; on 2x H200 the first timed
+        # job of an item was often the slowest of all, and with ABBA it is always a
+        # reference job, so without this the solution looked a few per cent faster
         job_dir = settings.work / "warmup"
-        outcome = _judge(plan, job_dir, _run_job(plan, artifacts["ref"], job_dir, lease_env,
-                                                 timed=False))
+        outcome = _judge(plan, job_dir, _run_job(plan, artifacts["ref"], job_dir, lease_env))
         if outcome.verdict is not Verdict.PASS:
             raise InfraError(f"the reference failed ({outcome.verdict}): {outcome.message}")
     rounds = settings.rounds if timed else 1
@@ -239,8 +240,7 @@ def _write_inputs(io: Path, cases: list[Case]) -> None:
                     np.save(folder / f"{name}.npy", array)
 
 
-def _job_spec(task, cases, io, out, scratch, path, check_reps, settings, backend,
-              timed: bool = True) -> dict:
+def _job_spec(task, cases, io, out, scratch, path, check_reps, settings, backend) -> dict:
     return {
         "solution": str(path),
         "entry": task.entry,
@@ -252,7 +252,7 @@ def _job_spec(task, cases, io, out, scratch, path, check_reps, settings, backend
         "out": str(out),
         "scratch": str(scratch),
         "warmup": settings.warmup,
-        "reps": settings.reps if timed else 0,
+        "reps": settings.reps,
         "max_reps": settings.max_reps,
         "budget_s": settings.budget_s,
         "check_reps": check_reps,
@@ -277,15 +277,14 @@ def _job_spec(task, cases, io, out, scratch, path, check_reps, settings, backend
     }
 
 
-def _run_job(plan: Plan, path: Path, job_dir: Path, lease_env: dict[str, str],
-             timed: bool = True) -> Outcome:
+def _run_job(plan: Plan, path: Path, job_dir: Path, lease_env: dict[str, str]) -> Outcome:
     task, world, platform, settings = plan.task, plan.world, plan.platform, plan.settings
     if job_dir.exists():
         shutil.rmtree(job_dir)
     out = job_dir / "out"
     out.mkdir(parents=True)
     spec = _job_spec(task, plan.cases, plan.io, out, job_dir / "scratch", path, plan.check_reps,
-                     settings, platform.backend, timed)
+                     settings, platform.backend)
     job_file = job_dir / "job.json"
     job_file.write_text(json.dumps(spec))
     def rank_failed() -> bool:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 import time
 import xml.etree.ElementTree as ET
@@ -138,6 +139,17 @@ def test_rounds_are_added_while_the_speedup_is_imprecise_up_to_the_maximum(bench
     result = bench.run("--commbench-rounds=2", "--commbench-max-rounds=2", "--junitxml=j.xml")
     result.stdout.fnmatch_lines(["*+/-*rounds*", "*ring_allreduce*pass*%*2*"])
     assert 'name="commbench.timing_rounds" value="2"' in (bench.root / "j.xml").read_text()
+
+
+def test_the_warm_up_job_is_timed_like_the_others_and_its_times_are_not_counted(bench):
+    bench.add_task(ranks=2)
+    bench.run("--commbench-keep").assert_outcomes(passed=1)
+    (record,) = bench.records()
+    (warmup,) = (bench.root / "runs").glob("*/work/*/warmup/job.json")
+    assert json.loads(warmup.read_text())["reps"] == 3  # the ini's reps: a full timed job
+    jobs = sorted(p.name for p in warmup.parent.parent.iterdir() if (p / "job.json").exists())
+    assert jobs == ["ref0", "sol0", "warmup"]
+    assert all(len(s["jobs_ref_us"]) == 1 for s in record["sizes"])  # ref0's only
 
 
 def test_the_speedup_uncertainty_comes_from_the_jobs_scatter():
