@@ -24,7 +24,14 @@ from .launch import JobResult, mpi_env, run_job
 from .models.base import Candidate, Reply
 from .platforms.base import Platform
 from .tasks import Task
-from .timing import max_over_ranks, metric_value, speedup, speedup_uncertainty, summarize
+from .timing import (
+    max_over_ranks,
+    metric_value,
+    precise_enough,
+    speedup,
+    speedup_uncertainty,
+    summarize,
+)
 from .verdicts import Rejected, Verdict
 
 MAX_MESSAGES = 5
@@ -227,7 +234,8 @@ def _imprecise(times: dict[str, dict[str, list[list[float]]]], plan: Plan,
         return False
     se = speedup_uncertainty([times["ref"][i] for i in ids], [times["sol"][i] for i in ids])
     record["speedup_se"] = se
-    return se is None or se > plan.settings.precision
+    jobs = min(len(times[who][i]) for who in ("ref", "sol") for i in ids)
+    return not precise_enough(se, jobs, plan.settings.precision)
 
 
 def _write_inputs(io: Path, cases: list[Case]) -> None:

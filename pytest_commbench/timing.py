@@ -86,3 +86,34 @@ def speedup_uncertainty(ref_jobs: list[list[list[float]]],
                     + np.sum((np.array(sol) - np.mean(sol)) ** 2))
     pooled = squares / (len(ref) + len(sol) - 2)
     return float(np.sqrt(pooled * (1 / len(ref) + 1 / len(sol))))
+
+
+def chi2_quantile(p: float, dof: int) -> float:
+    """The p-quantile of a chi-square distribution with an even number of degrees of freedom
+    (the pooled scatter of 2R jobs has 2R - 2), by bisection on its closed-form CDF."""
+    if dof < 2 or dof % 2:
+        raise ValueError(f"an even number of degrees of freedom >= 2, got {dof}")
+
+    def cdf(x: float) -> float:
+        term, total = 1.0, 1.0
+        for i in range(1, dof // 2):
+            term *= (x / 2) / i
+            total += term
+        return 1.0 - np.exp(-x / 2) * total
+
+    lo, hi = 0.0, float(dof) * 10 + 50
+    for _ in range(100):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if cdf(mid) < p else (lo, mid)
+    return (lo + hi) / 2
+
+
+def precise_enough(se: float | None, jobs_per_role: int, precision: float,
+                   confidence: float = 0.8) -> bool:
+    """Is the speedup's standard error below `precision` even at the upper `confidence` bound
+    of what a scatter estimated from so few jobs may hide? (Two jobs per role give two degrees
+    of freedom: the estimate alone would stop one noisy item in seven too early.)"""
+    if se is None or jobs_per_role < 2:
+        return False
+    dof = 2 * jobs_per_role - 2
+    return se * np.sqrt(dof / chi2_quantile(1 - confidence, dof)) <= precision

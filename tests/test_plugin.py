@@ -170,6 +170,21 @@ def test_the_speedup_uncertainty_comes_from_the_jobs_scatter():
     assert speedup_uncertainty([[[1.0], [1.1]] * 3], [[[1.0], [1.1]] * 3]) < se
 
 
+def test_few_jobs_need_a_smaller_scatter_to_stop_adding_rounds():
+    from pytest_commbench.timing import chi2_quantile, precise_enough
+
+    # chi-square quantiles (tables: 0.4463, 1.6488, 3.0701 at 20% for 2, 4, 6 degrees)
+    assert chi2_quantile(0.2, 2) == pytest.approx(-2 * np.log(0.8), rel=1e-6)
+    assert [round(chi2_quantile(0.2, k), 4) for k in (4, 6)] == [1.6488, 3.0701]
+    with pytest.raises(ValueError):
+        chi2_quantile(0.2, 3)
+    # the same estimated error: too uncertain from 2 jobs per role, enough from 6
+    assert not precise_enough(0.02, 2, 0.03)
+    assert precise_enough(0.02, 6, 0.03)
+    assert precise_enough(0.01, 2, 0.03)  # a bandwidth-bound item stops at the minimum
+    assert not precise_enough(None, 2, 0.03) and not precise_enough(0.0, 1, 0.03)
+
+
 def test_a_hanging_rank_is_killed_and_the_next_item_runs(bench, processes_with):
     bench.add_task()
     bench.add_task(name="ring_allreduce_after")  # runs after the hang, must pass
