@@ -22,7 +22,7 @@ ROUNDS_DESC = "interleaved reference/solution rounds per item, at least (default
 MAX_ROUNDS_DESC = ("at most this many rounds: rounds are added while the speedup is less "
                    "precise than --commbench-precision (default 6)")
 PRECISION_DESC = ("relative uncertainty of an item's speedup (standard error, from how much "
-                  "the jobs scatter, at its 80% upper bound for so few jobs) below which no "
+                  "the jobs scatter, at its 90% upper bound for so few jobs) below which no "
                   "more rounds are added (default 0.03)")
 REPS_DESC = "timed repetitions per size per job (default 10)"
 WARMUP_DESC = "untimed warm-up calls per size per job (default 2)"

@@ -179,9 +179,9 @@ def test_few_jobs_need_a_smaller_scatter_to_stop_adding_rounds():
     with pytest.raises(ValueError):
         chi2_quantile(0.2, 3)
     # the same estimated error: too uncertain from 2 jobs per role, enough from 6
-    assert not precise_enough(0.02, 2, 0.03)
-    assert precise_enough(0.02, 6, 0.03)
-    assert precise_enough(0.01, 2, 0.03)  # a bandwidth-bound item stops at the minimum
+    assert not precise_enough(0.015, 2, 0.03)
+    assert precise_enough(0.015, 6, 0.03)
+    assert precise_enough(0.005, 2, 0.03)  # a bandwidth-bound item stops at the minimum
     assert not precise_enough(None, 2, 0.03) and not precise_enough(0.0, 1, 0.03)
 
 
