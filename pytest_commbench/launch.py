@@ -116,38 +116,79 @@ def tail(path: Path, cap: int = OUTPUT_CAP) -> str:
     return text
 
 
+PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:  # pragma: no cover - runs in the child before exec
+    """The job gets SIGKILL when the controller dies (kill -9 of pytest or of a worker):
+    with the sandbox this ends the job's PID namespace and everything in it."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+
+
+class Job:
+    """A started job: its own process session, output to a log, a deadline, a kill that leaves
+    nothing behind."""
+
+    def __init__(self, argv: list[str], cwd: Path, deadline_s: float,
+                 env: dict[str, str] | None = None, log: Path | None = None) -> None:
+        self.log = log or (cwd / "output.log")
+        self.start = time.monotonic()
+        self.end = self.start + deadline_s
+        self._out = open(self.log, "wb")
+        self.proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=self._out,
+                                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                     start_new_session=True, preexec_fn=_die_with_parent)
+        self.timed_out = False
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def overdue(self) -> bool:
+        return time.monotonic() >= self.end
+
+    def wait(self, failed: Callable[[], bool] | None = None) -> None:
+        """Until the job ends or its deadline passes; `failed` is polled meanwhile: once it
+        says a rank has reported an error, the job gets ABORT_GRACE_S to end by itself
+        (MPI_Abort can hang on a corrupted heap) and is then killed."""
+        aborting = False
+        while True:
+            try:
+                self.proc.wait(timeout=POLL_S)
+                return
+            except subprocess.TimeoutExpired:
+                pass
+            now = time.monotonic()
+            if now >= self.end:
+                self.timed_out = not aborting  # a hung abort is the rank's error, not a timeout
+                return
+            if not aborting and failed is not None and self.end > now + ABORT_GRACE_S \
+                    and failed():
+                self.end, aborting = now + ABORT_GRACE_S, True
+
+    def finish(self) -> JobResult:
+        """Kill whatever is left of the job and collect its result."""
+        kill_session(self.proc.pid)  # also reaps ranks left behind by a job that did exit
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:  # pragma: no cover - KILL cannot be ignored
+            pass
+        self._out.close()
+        code = self.proc.returncode
+        return JobResult(None if self.timed_out or code is None else code, self.timed_out,
+                         time.monotonic() - self.start, tail(self.log))
+
+
 def run_job(argv: list[str], cwd: Path, deadline_s: float, env: dict[str, str] | None = None,
             log: Path | None = None, failed: Callable[[], bool] | None = None) -> JobResult:
-    """Run argv with a wall-clock deadline; whatever happens, nothing of it survives.
-
-    `failed` is polled while the job runs: once it says a rank has reported an error, the job
-    gets ABORT_GRACE_S to end by itself (MPI_Abort can hang on a corrupted heap) and is then
-    killed, so a crashed rank costs seconds, not the whole deadline."""
-    log = log or (cwd / "output.log")
-    start = time.monotonic()
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True)
-        timed_out = aborting = False
-        end = start + deadline_s
-        try:
-            while True:
-                try:
-                    proc.wait(timeout=POLL_S)
-                    break
-                except subprocess.TimeoutExpired:
-                    pass
-                now = time.monotonic()
-                if now >= end:
-                    timed_out = not aborting  # a hung abort is the rank's error, not a timeout
-                    break
-                if not aborting and failed is not None and end > now + ABORT_GRACE_S and failed():
-                    end, aborting = now + ABORT_GRACE_S, True
-        finally:
-            kill_session(proc.pid)  # also reaps ranks left behind by a job that did exit
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:  # pragma: no cover - KILL cannot be ignored
-                pass
-    return JobResult(None if timed_out or proc.returncode is None else proc.returncode, timed_out,
-                     time.monotonic() - start, tail(log))
+    """Run argv with a wall-clock deadline; whatever happens, nothing of it survives."""
+    job = Job(argv, cwd, deadline_s, env=env, log=log)
+    try:
+        job.wait(failed)
+    finally:
+        result = job.finish()
+    return result

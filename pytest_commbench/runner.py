@@ -7,6 +7,7 @@ ranks wrote with the task's oracle. It never imports solution code.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import shutil
@@ -18,14 +19,13 @@ from typing import Any
 
 import numpy as np
 
-from . import checks, regions
+from . import checks, observer, regions, sandbox
 from .checks.base import Case
-from .launch import JobResult, mpi_env, run_job
+from .launch import Job, mpi_env
 from .models.base import Candidate, Reply
 from .platforms.base import Platform
 from .tasks import Task
 from .timing import (
-    max_over_ranks,
     metric_value,
     precise_enough,
     speedup,
@@ -57,6 +57,9 @@ class Settings:
     timeout: float | None = None  # overrides the manifest's per-job deadline
     keep: bool = False
     exclusive: bool = True  # timed items hold the whole node (GPU platforms)
+    sandbox: bool = True  # jobs in namespaces (False: --commbench-unsandboxed)
+    hide: tuple[Path, ...] = ()  # more trees no job may see (the runs root, the project)
+    wall_s: float = 5.0  # seconds per case and job the observer may spend on repetitions
 
 
 @dataclass
@@ -147,21 +150,17 @@ def _run(task, world, candidate, platform, settings, record) -> None:
         for dtype in task.check.dtypes:
             cid = f"c{len(cases)}"
             cases.append(op.make_case(rng, cid, count, dtype, world, task.check.params,
-                                      task.check.trials, settings.max_reps))
-    reps = settings.reps
-    # besides the last repetition (always checked), one chosen at random from the first `reps`
-    check_reps = [int(rng.integers(0, reps))] if reps > 0 else []
-    io = settings.work / "io"
-    _write_inputs(io, cases)
-
-    plan = Plan(task, world, platform, settings, op, cases, io, check_reps,
-                settings.timeout or task.timeout)
+                                      task.check.trials, 0))
+    if settings.sandbox and sandbox.probe():
+        raise InfraError(f"no job sandbox on this machine ({sandbox.probe()}); "
+                         "--commbench-unsandboxed runs without one")
+    plan = Plan(task, world, platform, settings, op, cases, settings.timeout or task.timeout)
     artifacts = {"ref": ref_artifact.path, "sol": artifact.path} if timed else {"sol": artifact.path}
     with platform.lease(world, exclusive=timed and settings.exclusive) as lease_env:
         times, output = _interleave(plan, artifacts, lease_env, record)
     record["output"] = output[-OUTPUT_IN_RECORD:]
     record["verdict"] = Verdict.PASS
-    if timed and reps > 0:
+    if timed and settings.reps > 0:
         _figures(op, task, cases, times["sol"], times["ref"], record)
 
 
@@ -175,8 +174,6 @@ class Plan:
     settings: Settings
     op: checks.Op
     cases: list[Case]
-    io: Path
-    check_reps: list[int]
     deadline: float
 
 
@@ -200,7 +197,7 @@ def _interleave(plan: Plan, artifacts: dict[str, Path], lease_env: dict[str, str
         # job of an item was often the slowest of all, and with ABBA it is always a
         # reference job, so without this the solution looked a few per cent faster
         job_dir = settings.work / "warmup"
-        outcome = _judge(plan, job_dir, _run_job(plan, artifacts["ref"], job_dir, lease_env))
+        outcome = _run_job(plan, artifacts["ref"], job_dir, lease_env, timed)
         if outcome.verdict is not Verdict.PASS:
             raise InfraError(f"the reference failed ({outcome.verdict}): {outcome.message}")
     rounds = settings.rounds if timed else 1
@@ -209,7 +206,7 @@ def _interleave(plan: Plan, artifacts: dict[str, Path], lease_env: dict[str, str
     while rnd < rounds or (rnd < most and _imprecise(times, plan, record)):
         for who in (order if rnd % 2 == 0 else order[::-1]):
             job_dir = settings.work / f"{who}{rnd}"
-            outcome = _judge(plan, job_dir, _run_job(plan, artifacts[who], job_dir, lease_env))
+            outcome = _run_job(plan, artifacts[who], job_dir, lease_env, timed)
             if outcome.verdict is not Verdict.PASS:
                 if who == "ref":
                     raise InfraError(f"the reference failed ({outcome.verdict}): {outcome.message}")
@@ -238,166 +235,141 @@ def _imprecise(times: dict[str, dict[str, list[list[float]]]], plan: Plan,
     return not precise_enough(se, jobs, plan.settings.precision)
 
 
-def _write_inputs(io: Path, cases: list[Case]) -> None:
-    for case in cases:
-        for t, trial in enumerate(case.trials):
-            for rank, named in enumerate(trial.inputs):
-                folder = io / case.id / f"t{t}" / f"r{rank}"
-                folder.mkdir(parents=True, exist_ok=True)
-                for name, array in named.items():
-                    np.save(folder / f"{name}.npy", array)
+RANK_CODE = Path(__file__).parent / "rank"
 
 
-def _job_spec(task, cases, io, out, scratch, path, check_reps, settings, backend) -> dict:
-    return {
-        "solution": str(path),
-        "entry": task.entry,
-        "language": task.language,
-        "fixtures": list(task.fixtures),
-        "workspace_bytes": task.workspace,
-        "backend": backend,
-        "io": str(io),
-        "out": str(out),
-        "scratch": str(scratch),
-        "warmup": settings.warmup,
-        "reps": settings.reps,
-        "max_reps": settings.max_reps,
-        "budget_s": settings.budget_s,
-        "check_reps": check_reps,
-        "cases": [
-            {
-                "id": c.id,
-                "args": c.args,
-                "params": c.params,
-                "vary": list(c.vary),
-                "shifts": c.shifts,
-                "trials": [
-                    {
-                        "outputs": [{k: [list(s), d] for k, (s, d) in o.items()} for o in t.outputs],
-                        "extra": t.extra,
-                        "delays": t.delays,
-                    }
-                    for t in c.trials
-                ],
-            }
-            for c in cases
-        ],
-    }
+def _stage(job_dir: Path, artifact: Path) -> tuple[Path, Path]:
+    """The job's read-only part: its own copy of the rank code and of the built solution
+    (the package and the build cache are not visible in the sandbox)."""
+    code = job_dir / "ro" / "code" / "commbench_rank"
+    code.mkdir(parents=True)
+    for src in RANK_CODE.glob("*.py"):
+        shutil.copyfile(src, code / src.name)
+    solution = job_dir / "ro" / artifact.name
+    shutil.copyfile(artifact, solution)
+    return code.parent, solution
 
 
-def _run_job(plan: Plan, path: Path, job_dir: Path, lease_env: dict[str, str]) -> Outcome:
+def _hidden(settings: Settings) -> list[Path]:
+    """What a job must not see: the references and the project around them, the build
+    cache, every item's and run's files (the job's own folder is brought back)."""
+    trees = [settings.references, settings.references.parent, settings.cache,
+             settings.work.parent, *settings.hide]
+    return [t for t in trees if t and Path(t).resolve() != Path("/")]
+
+
+def _job_seed(seed: int, job_dir: Path) -> int:
+    return int.from_bytes(hashlib.sha256(f"{seed}:{job_dir.name}".encode()).digest()[:8],
+                          "little")
+
+
+def _run_job(plan: Plan, artifact: Path, job_dir: Path, lease_env: dict[str, str],
+             timed: bool) -> Outcome:
     task, world, platform, settings = plan.task, plan.world, plan.platform, plan.settings
     if job_dir.exists():
         shutil.rmtree(job_dir)
-    out = job_dir / "out"
+    out, scratch = job_dir / "out", job_dir / "scratch"
     out.mkdir(parents=True)
-    spec = _job_spec(task, plan.cases, plan.io, out, job_dir / "scratch", path, plan.check_reps,
-                     settings, platform.backend)
-    job_file = job_dir / "job.json"
+    scratch.mkdir()
+    code, solution = _stage(job_dir, artifact)
+    libs = getattr(platform, "nccl_lib", lambda: None)()
+    spec = {
+        "solution": str(solution), "entry": task.entry, "language": task.language,
+        "fixtures": list(task.fixtures), "workspace_bytes": task.workspace,
+        "backend": platform.backend, "out": str(out), "scratch": str(scratch),
+        "job_dir": str(job_dir.resolve()), "nccl_lib": libs,
+        "cases": [{"id": c.id, "args": c.args, "params": c.params} for c in plan.cases],
+    }
+    job_file = job_dir / "ro" / "job.json"
     job_file.write_text(json.dumps(spec))
-    def rank_failed() -> bool:
-        for status in out.glob("status_r*.json"):
-            try:
-                if json.loads(status.read_text()).get("error"):
-                    return True
-            except (OSError, ValueError):
-                pass  # being rewritten right now
-        return False
+    env = {**mpi_env(), **platform.env(), **lease_env, "PYTHONPATH": str(code),
+           "COMMBENCH_GUARD_REPORT": str(out / "guard_r%r.json"), "TMPDIR": "/tmp"}
+    argv = platform.launch_argv(world, job_file)
+    if settings.sandbox:
+        argv = sandbox.wrap(job_dir, argv, env, hide=_hidden(settings))
+    obs_settings = observer.Settings(
+        reps=settings.reps, max_reps=settings.max_reps, budget_s=settings.budget_s,
+        warmup=settings.warmup, wall_s=settings.wall_s, rtol=task.check.rtol,
+        atol=task.check.atol)
+    rng = np.random.default_rng(_job_seed(settings.seed, job_dir))
+    obs = observer.Observer(job_dir, world, plan.op, obs_settings, rng,
+                            staged=platform.backend != "cpu", timed=timed)
+    outcome = Outcome(Verdict.PASS)
+    job = Job(argv, job_dir, plan.deadline, env=env)
+    try:
+        obs.connect(job)
+        for index, case in enumerate(plan.cases, start=1):
+            outcome.times[case.id] = obs.run_case(case)
+            obs.end(index)
+        job.end = min(job.end, time.monotonic() + END_GRACE_S)
+        job.wait()
+        if job.alive() or job.proc.returncode != 0:
+            raise observer.JobEnded(Verdict.RUNTIME_ERROR, "the ranks did not end cleanly "
+                                                           "after their last call")
+    except observer.WrongAnswer as exc:
+        outcome.verdict = Verdict.WRONG_ANSWER
+        outcome.message = exc.errors[0]
+        more = exc.errors[1:MAX_MESSAGES]
+        outcome.detail = "\n".join(more + ([f"... {len(exc.errors) - MAX_MESSAGES} more"]
+                                           if len(exc.errors) > MAX_MESSAGES else []))
+    except observer.JobEnded as exc:
+        outcome.verdict, outcome.message, outcome.detail = exc.verdict, exc.message, exc.detail
+    finally:
+        obs.end(len(plan.cases))
+        result = job.finish()
+        obs.close()
+    outcome.output, outcome.seconds = result.output, result.seconds
+    if outcome.verdict in (Verdict.RUNTIME_ERROR, Verdict.TIMEOUT):
+        _blame(outcome, result, out, world, obs.loaded)
+    return outcome
 
-    env = {**mpi_env(), **platform.env(), **lease_env}
-    result = run_job(platform.launch_argv(world, job_file), job_dir, plan.deadline, env=env,
-                     failed=rank_failed)
-    return _job_outcome(result, out, world, plan.deadline)
+
+END_GRACE_S = 30.0
+EXITED = re.compile(r"(?:rank|Process name: \[\[?[^\]]*?,)\s*(\d+)\]?.*?"
+                    r"(?:exit(?:ed)?(?: with)?(?: non-zero)? (?:status|code)[:\s]+(\d+))",
+                    re.S)
 
 
-def _job_outcome(result: JobResult, out: Path, world: int, deadline: float) -> Outcome:
-    """From the ranks' status files: did every rank finish? Exit codes and printed text are
-    only quoted, never believed."""
+def _blame(outcome: Outcome, result, out: Path, world: int, loaded: bool) -> None:
+    """Who ended the job: a forbidden call (the guard's report), a rank that raised or died,
+    or, before any rank said it was loading the solution, the harness or the machine."""
+    reports = observer.guard_reports(out)
+    if reports:
+        outcome.verdict = Verdict.FORBIDDEN
+        what = reports[0].get("forbidden", "?")
+        outcome.message = f"the solution called what this task forbids, at run time: {what}"
+        outcome.detail = str(reports[0].get("detail", ""))[:2000]
+        return
+    if not loaded:
+        raise InfraError(f"the job failed before the solution was loaded ({outcome.message}): "
+                         f"{result.output.strip()[-800:] or 'no output'}")
     statuses = []
     for rank in range(world):
         try:
             statuses.append(json.loads((out / f"status_r{rank}.json").read_text()))
         except (OSError, ValueError):
             statuses.append(None)
-    base = Outcome(Verdict.PASS, output=result.output, seconds=result.seconds)
-    if result.timed_out:
-        stuck = [f"rank {r}: {s['phase']}" for r, s in enumerate(statuses) if s and not s.get("done")]
-        base.verdict = Verdict.TIMEOUT
-        base.message = f"the job did not finish within {deadline:g} s and was killed"
-        base.detail = "; ".join(stuck)
-        return base
-    if all(s is None for s in statuses):
-        raise InfraError(
-            f"no rank started (launcher exit code {result.returncode}): "
-            f"{result.output.strip()[-800:] or 'no output'}"
-        )
+    if outcome.verdict is Verdict.TIMEOUT:
+        stuck = [f"rank {r}: {s.get('phase')}" for r, s in enumerate(statuses)
+                 if isinstance(s, dict) and not s.get("done")]
+        outcome.detail = "; ".join(stuck)
+        return
     for rank, s in enumerate(statuses):
-        if s and s.get("error") and s.get("harness"):
-            raise InfraError(f"rank {rank} failed while the harness set up the world "
-                             f"({s['phase']}): {s['error']}")
-    for rank, s in enumerate(statuses):
-        if s and s.get("error"):
-            base.verdict = Verdict.RUNTIME_ERROR
-            base.message = f"rank {rank} raised during {s['phase']}: {s['error']}"
-            base.detail = s.get("traceback", "")
-            return base
-    unfinished = [r for r, s in enumerate(statuses) if s is None or not s.get("done")]
-    if unfinished:
-        # when one rank dies the launcher kills the rest: name the one it saw die first
-        seen = LAUNCHER_DEATH.search(result.output)
-        rank = int(seen.group(1)) if seen and int(seen.group(1)) in unfinished else unfinished[0]
-        phase = statuses[rank]["phase"] if statuses[rank] else "start-up"
-        how = f"signal {seen.group(2)}{f' ({seen.group(3)})' if seen.group(3) else ''}" if seen \
-            else f"launcher exit code {result.returncode}"
-        base.verdict = Verdict.RUNTIME_ERROR
-        base.message = f"rank {rank} died during {phase} ({how})"
-        if len(unfinished) > 1:
-            base.detail = f"ranks that did not finish: {', '.join(map(str, unfinished))}"
-        return base
-    return base
-
-
-def _load_outputs(folder: Path, world: int) -> list[dict[str, np.ndarray]]:
-    got = []
-    for rank in range(world):
-        d = folder / f"r{rank}"
-        got.append({p.stem: np.load(p, allow_pickle=False) for p in sorted(d.glob("*.npy"))})
-    return got
-
-
-def _judge(plan: Plan, job_dir: Path, outcome: Outcome) -> Outcome:
-    if outcome.verdict is not Verdict.PASS:
-        return outcome
-    op, task, cases, check_reps = plan.op, plan.task, plan.cases, plan.check_reps
-    out = job_dir / "out"
-    errors: list[str] = []
-    for case in cases:
-        world = case.world
-        events = []
-        for rank in range(world):
-            events.append(json.loads((out / case.id / f"events_r{rank}.json").read_text()))
-        label = f"count={case.count} {case.dtype}"
-        for t, trial in enumerate(case.trials):
-            got = _load_outputs(out / case.id / f"t{t}", world)
-            ev = [e["trials"][t] for e in events]
-            for msg in op.verify(trial, got, ev, case, task.check.rtol, task.check.atol):
-                errors.append(f"[{label}, trial {t}] {msg}")
-        done = len(events[0]["times"])
-        for rep in sorted({r for r in check_reps if r < done} | ({done - 1} if done else set())):
-            got = _load_outputs(out / case.id / f"rep{rep}", world)
-            trial = op.shifted(case, rep)
-            ev = [{"t_enter": 0.0, "t_exit": 0.0}] * world  # no delays in timed repetitions
-            for msg in op.verify(trial, got, ev, case, task.check.rtol, task.check.atol):
-                errors.append(f"[{label}, timed repetition {rep}] {msg}")
-        if events[0]["times"]:
-            outcome.times[case.id] = max_over_ranks([e["times"] for e in events])
-    if errors:
-        outcome.verdict = Verdict.WRONG_ANSWER
-        outcome.message = errors[0]
-        more = errors[1:MAX_MESSAGES]
-        outcome.detail = "\n".join(more + ([f"... {len(errors) - MAX_MESSAGES} more"]
-                                           if len(errors) > MAX_MESSAGES else []))
-    return outcome
+        if isinstance(s, dict) and s.get("error"):
+            outcome.message = f"rank {rank} raised during {s.get('phase')}: {s['error']}"[:2000]
+            outcome.detail = str(s.get("traceback", ""))[-6000:]
+            return
+    seen = LAUNCHER_DEATH.search(result.output)
+    if seen:
+        how = f"signal {seen.group(2)}{f' ({seen.group(3)})' if seen.group(3) else ''}"
+        outcome.message = f"rank {seen.group(1)} died ({how}): {outcome.message}"
+        return
+    seen = EXITED.search(result.output)
+    if seen:
+        outcome.message = f"rank {seen.group(1)} exited with code {seen.group(2)}: " \
+                          f"{outcome.message}"
+        return
+    outcome.message += f" (launcher exit code {result.returncode})"
 
 
 def _figures(op, task, cases, sol_times, ref_times, record) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from .base import Case, Op, Trial
 
 DELAY_S = 0.05
+TIMED_DELAY_S = 200e-6
 
 
 class Barrier(Op):
@@ -30,6 +31,14 @@ class Barrier(Op):
             made.append(Trial([{} for _ in range(world)], [{} for _ in range(world)],
                               [{} for _ in range(world)], delays))
         return Case(case_id, count, dtype, world, dict(params), [], made)
+
+    def timed_trial(self, rng, case):
+        """One rank, chosen afresh, enters up to TIMED_DELAY_S late, so every timed call is
+        checked too (a barrier that does not wait leaves before the late rank entered)."""
+        delays = [0.0] * case.world
+        delays[int(rng.integers(case.world))] = float(rng.uniform(0, TIMED_DELAY_S))
+        return Trial([{} for _ in range(case.world)], [{} for _ in range(case.world)],
+                     [{} for _ in range(case.world)], delays)
 
     def expected(self, trial, count, dtype, world, params):
         return [{} for _ in range(world)]

@@ -115,9 +115,11 @@ class Op:
         return count * np.dtype(dtype).itemsize, 1.0
 
     def verify(self, trial: Trial, got: list[dict[str, np.ndarray]], events: list[dict[str, float]],
-               case: Case, rtol: float, atol: float) -> list[str]:
-        """Messages for every wrong output; empty when all ranks are right."""
-        want = self.expected(trial, case.count, case.dtype, case.world, case.params)
+               case: Case, rtol: float, atol: float, want=None) -> list[str]:
+        """Messages for every wrong output; empty when all ranks are right. `want` is the
+        expected output when the caller computed it already."""
+        if want is None:
+            want = self.expected(trial, case.count, case.dtype, case.world, case.params)
         errors = []
         for rank, (w_rank, g_rank) in enumerate(zip(want, got)):
             for name, w in w_rank.items():
@@ -141,6 +143,26 @@ class Op:
         shifts = rng.integers(1, 64, size=(reps, world)).tolist() if self.vary else []
         return Case(case_id, count, dtype, world, dict(params), self.args(params), made,
                     tuple(self.vary), shifts)
+
+    def timed_trial(self, rng: np.random.Generator, case: Case) -> Trial:
+        """The inputs of one timed repetition: drawn afresh like a trial's (never a shift or
+        a rerun of earlier inputs, so nothing learnt from earlier calls gives the answer)."""
+        try:
+            trial = self.make_trial(rng, case.count, case.dtype, case.world, case.params)
+        except NotImplementedError:  # trials made together in make_case: draw a case of one
+            trial = self.make_case(rng, case.id, case.count, case.dtype, case.world,
+                                   case.params, 1, 0).trials[0]
+        if not trial.extra:
+            trial.extra = [{} for _ in range(case.world)]
+        if not trial.delays:
+            trial.delays = [0.0] * case.world
+        return trial
+
+    @property
+    def samples_outputs(self) -> bool:
+        """Whether expected() gives every output element (so positions can be spot-checked
+        the moment a rank says it is done)."""
+        return type(self).verify is Op.verify
 
     def shifted(self, case: Case, rep: int) -> Trial:
         """The inputs of timed repetition `rep` (trial 0's inputs plus that repetition's shift)."""

@@ -52,8 +52,9 @@ class Platform:
 
     def launch_argv(self, world: int, job: Path) -> list[str]:
         mpiexec = find_mpiexec()
+        # the ranks run the job's own copy of the rank code (the package is not visible)
         return [mpiexec, "-n", str(world), "--oversubscribe",
-                sys.executable, "-m", "pytest_commbench.rank", str(job)]
+                sys.executable, "-m", "commbench_rank", str(job)]
 
     def fingerprint(self) -> dict[str, Any]:
         import numpy

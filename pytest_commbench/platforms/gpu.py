@@ -220,6 +220,11 @@ class GpuPlatform(Platform):
                 env["COMMBENCH_RANK_CPUS"] = ";".join(",".join(map(str, c)) for c in cpus)
             yield env
 
+    def nccl_lib(self) -> str | None:
+        """The folder of the NCCL library the ranks load (named in the job file)."""
+        folder = find_cuda_libs().nccl_lib
+        return str(folder) if folder else None
+
     def env(self) -> dict[str, str]:
         env = dict(SAFETY_ENV)
         env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"  # CUDA's device numbers are nvidia-smi's

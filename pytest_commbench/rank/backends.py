@@ -6,11 +6,12 @@ import time
 
 import numpy as np
 
-from ..poison import poison_value
+from .protocol import poison_value
 
 
 class HostBackend:
     name = "cpu"
+    staged = False  # the solution works on the data segment itself
 
     def empty(self, shape, dtype) -> np.ndarray:
         return np.empty(tuple(shape), dtype=np.dtype(dtype))

@@ -20,6 +20,7 @@ class CudaBackend:
     buffer's CUDA IPC handle maps exactly that buffer in the peers."""
 
     name = "cuda"
+    staged = True  # inputs and outputs are copied between the data segment and the device
 
     def __init__(self) -> None:
         import cupy
@@ -123,12 +124,10 @@ class NcclUniqueId(ctypes.Structure):
     _fields_ = [("internal", ctypes.c_char * 128)]
 
 
-def nccl_library() -> ctypes.CDLL:
-    """The NCCL the solution links (same soname, so one instance in the process)."""
-    from ..build import find_cuda_libs
-
-    libs = find_cuda_libs()
-    path = str(libs.nccl_lib / "libnccl.so.2") if libs.nccl_lib else "libnccl.so.2"
+def nccl_library(folder: str | None) -> ctypes.CDLL:
+    """The NCCL the solution links (same soname, so one instance in the process); the
+    controller names its folder in the job file."""
+    path = os.path.join(folder, "libnccl.so.2") if folder else "libnccl.so.2"
     return ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
 
 
@@ -149,7 +148,7 @@ class GpuWorld:
         self.nccl = None
         if "nccl" in fixtures:
             if job.get("language") == "cuda":
-                self.nccl_ptr = self._nccl_comm_c()
+                self.nccl_ptr = self._nccl_comm_c(job.get("nccl_lib"))
             else:
                 from cupy.cuda import nccl
 
@@ -167,8 +166,8 @@ class GpuWorld:
             cp.cuda.runtime.deviceSynchronize()
             self.peer_workspace = self.exchange([self.workspace.data.ptr])[0]
 
-    def _nccl_comm_c(self) -> int:
-        lib = nccl_library()
+    def _nccl_comm_c(self, folder: str | None) -> int:
+        lib = nccl_library(folder)
         lib.ncclCommInitRank.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_int,
                                          NcclUniqueId, ctypes.c_int]
         uid = NcclUniqueId()

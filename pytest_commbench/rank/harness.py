@@ -1,13 +1,22 @@
-"""The per-rank driver: `python -m pytest_commbench.rank JOB.json` under mpiexec."""
+"""The per-rank driver: `python -m commbench_rank JOB.json` under mpiexec, in the sandbox.
+
+Nothing here decides a verdict and nothing it reports after the solution is loaded is
+believed: the observer (controller side) writes the inputs, opens the gate of every call,
+takes the time when the rank says it is done and reads the outputs itself. This code only
+sets up the world, loads the solution and calls it when told to. It imports nothing from the
+controller (the package is not even visible in the sandbox); the control page and data
+segment are described in `protocol.py`.
+"""
 
 from __future__ import annotations
 
+import ctypes
 import importlib.util
 import json
+import mmap
 import os
 import socket
 import sys
-import time
 import traceback
 from pathlib import Path
 from types import SimpleNamespace
@@ -16,14 +25,14 @@ from typing import Any
 import numpy as np
 
 from .backends import make_backend
+from .protocol import Control, W, socket_address, views
 
-WARMUP_S = 0.02  # untimed calls before a case's timed repetitions, at least this long ...
-MAX_WARMUP_CALLS = 200  # ... but no more calls than this
-START_AHEAD_S = 200e-6  # how far ahead of now rank 0 sets a repetition's common start
+PR_SET_DUMPABLE = 4
 
 
 class Status:
-    """A small JSON file per rank that says how far the rank got (read after a crash)."""
+    """A small JSON file per rank with how far the rank got and its error, if any. Only
+    quoted in messages: the controller never decides anything from it."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
@@ -31,9 +40,12 @@ class Status:
 
     def update(self, **fields: Any) -> None:
         self.data.update(fields)
-        tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(self.data))
-        os.replace(tmp, self.path)
+        try:
+            tmp = self.path.with_suffix(".tmp")
+            tmp.write_text(json.dumps(self.data))
+            os.replace(tmp, self.path)
+        except OSError:
+            pass
 
 
 class Context(SimpleNamespace):
@@ -47,6 +59,37 @@ class Context(SimpleNamespace):
     """
 
 
+class Link:
+    """The rank's connection to the observer: who it is, its control page and data segment."""
+
+    def __init__(self, path: str, rank: int) -> None:
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        address, fd = socket_address(path)
+        try:
+            self.sock.connect(address)
+        finally:
+            os.close(fd)
+        self.say(rank=rank, pid=os.getpid())
+        msg, fds, _flags, _addr = socket.recv_fds(self.sock, 4096, 2)
+        if len(fds) != 2:
+            raise RuntimeError("the observer sent no control page")
+        hello = json.loads(msg)
+        self.ctl = Control(fds[0])
+        self.data = mmap.mmap(fds[1], hello["data_bytes"])
+        for fd in fds:
+            os.close(fd)
+
+    def remap(self, size: int):
+        self.sock.setblocking(True)
+        _msg, fds, _flags, _addr = socket.recv_fds(self.sock, 4096, 1)
+        self.data = mmap.mmap(fds[0], size)
+        os.close(fds[0])
+        return self.data
+
+    def say(self, **fields: Any) -> None:
+        self.sock.sendall(json.dumps(fields).encode() + b"\n")
+
+
 def load_solution(path: str, entry: str):
     spec = importlib.util.spec_from_file_location("commbench_solution", path)
     module = importlib.util.module_from_spec(spec)
@@ -58,33 +101,64 @@ def load_solution(path: str, entry: str):
     return fn
 
 
+def world_rank() -> int:
+    for var in ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "SLURM_PROCID"):
+        if var in os.environ:
+            return int(os.environ[var])
+    raise RuntimeError("the launcher did not say which rank this is")
+
+
 def main(argv: list[str]) -> int:
     job = json.loads(Path(argv[0]).read_text())
-    out = Path(job["out"])
-    from mpi4py import MPI
-
-    world = MPI.COMM_WORLD
-    rank, size = world.Get_rank(), world.Get_size()
-    status = Status(out / f"status_r{rank}.json")
-    status.update(phase="start", rank=rank, world=size, harness=True)
+    rank = world_rank()
+    status = Status(Path(job["out"]) / f"status_r{rank}.json")
     try:
-        run(job, world, rank, size, status)
-    except BaseException as exc:  # the solution's failure, reported for the controller to judge
-        status.update(error=f"{type(exc).__name__}: {exc}", traceback=traceback.format_exc())
+        link = Link(job["job_dir"], rank)
+    except OSError as exc:
+        status.update(error=f"could not reach the observer: {exc}")
+        return 4
+    try:
+        run(job, rank, status, link)
+    except BaseException as exc:  # reported for a human to read; the verdict is the observer's
+        status.update(error=f"{type(exc).__name__}: {exc}"[:2000],
+                      traceback=traceback.format_exc()[-6000:])
         sys.stderr.write(f"[commbench rank {rank}] {status.data['phase']}: "
-                         f"{traceback.format_exc()}")
+                         f"{traceback.format_exc()[-6000:]}")
         sys.stderr.flush()
-        world.Abort(3)
+        from mpi4py import MPI
+
+        MPI.COMM_WORLD.Abort(3)
         return 3
     return 0
 
 
-def run(job: dict, world, rank: int, size: int, status: Status) -> None:
-    backend = make_backend(job.get("backend", "cpu"))
-    harness = world.Dup()  # the harness's own messages never mix with the solution's
+def guard(job: dict, rank: int, solution: str) -> None:
+    """From here on the process runs the solution's code: its memory is closed to other
+    processes (host backend), forbidden library calls end it (the preloaded interposer), and
+    Python solutions run under an audit hook."""
+    if job["backend"] == "cpu":
+        ctypes.CDLL(None).prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
+    if os.environ.get("COMMBENCH_GUARD_REPORT"):
+        arm = getattr(ctypes.CDLL(None), "commbench_guard_arm", None)
+        if arm is not None:
+            arm()
+    if job["language"] == "python" and job.get("audit", True):
+        try:
+            from . import guard as audit
+        except ImportError:
+            return
+        audit.install(solution=solution, writable=[job["scratch"]],
+                      report=str(Path(job["out"]) / f"guard_r{rank}.json"),
+                      hidden_modules=[__package__, "pytest_commbench", "pytest", "_pytest"])
+
+
+def run(job: dict, rank: int, status: Status, link: Link) -> None:
+    from mpi4py import MPI
+
+    world = MPI.COMM_WORLD
+    size = world.Get_size()
+    backend = make_backend(job["backend"])
     solution_comm = world.Dup()
-    hostname = socket.gethostname()
-    job["one_host"] = len(set(harness.allgather(hostname))) == 1
     scratch = Path(job["scratch"]) / f"r{rank}"
     scratch.mkdir(parents=True, exist_ok=True)
     extra: dict[str, Any] = {}
@@ -93,176 +167,111 @@ def run(job: dict, world, rank: int, size: int, status: Status) -> None:
         from .gpu import GpuWorld, local_rank, pin_cpus
 
         pin_cpus(local_rank(world))
-
         status.update(phase="set up the GPU world")
+        harness = world.Dup()
         gpu = GpuWorld(job, world, harness, rank, size)
         extra = {"device": gpu.device, "local_rank": gpu.local_rank, "stream": gpu.stream,
                  "nccl": gpu.nccl}
 
-    # from here on a failure may be the solution's (loading it runs its code)
-    status.update(phase="load solution", harness=False)
-    if job.get("language") == "cuda":
+    # from here on every failure is the solution's: the observer knows this rank got here
+    status.update(phase="load solution")
+    link.say(phase="loading")
+    solution = job["solution"]
+    if job["language"] == "cuda":
         from .gpu import NativeSolution
 
-        fn = NativeSolution(job["solution"], gpu, "ipc" in job.get("fixtures", []))
+        guard(job, rank, solution)
+        fn = NativeSolution(solution, gpu, "ipc" in job.get("fixtures", []))
     else:
-        fn = load_solution(job["solution"], job["entry"])
-    for case in job["cases"]:
-        ctx = Context(comm=solution_comm, rank=rank, world_size=size, hostname=hostname,
-                      params=case["params"], scratch=scratch, **extra)
-        CaseRunner(job, case, fn, ctx, backend, harness, rank, status).run()
-    harness.Barrier()
+        guard(job, rank, solution)
+        fn = load_solution(solution, job["entry"])
+    calls = Calls(link, backend, fn)
+    for index, case in enumerate(job["cases"], start=1):
+        status.update(phase=f"case {case['id']}")
+        ctx = Context(comm=solution_comm, rank=rank, world_size=size,
+                      hostname=socket.gethostname(), params=case["params"], scratch=scratch,
+                      **extra)
+        calls.case(index, case, ctx)
     status.update(phase="done", done=True)
 
 
-class CaseRunner:
-    """One size/dtype: correctness trials, then warm-up and timed repetitions."""
+class Calls:
+    """Makes the calls the observer asks for, in the order of the control page's words."""
 
-    def __init__(self, job, case, fn, ctx, backend, harness, rank, status) -> None:
-        self.job, self.case, self.fn, self.ctx = job, case, fn, ctx
-        self.backend, self.harness, self.rank, self.status = backend, harness, rank, status
-        self.io = Path(job["io"]) / case["id"]
-        self.out = Path(job["out"]) / case["id"]
+    def __init__(self, link: Link, backend, fn) -> None:
+        self.link, self.ctl, self.data = link, link.ctl, link.data
+        self.backend, self.fn = backend, fn
+        self.k = 0  # the last call made (numbered over the whole job)
+        self.version = -1
+        self.args: list[Any] = []
 
-    def buffers(self, trial: int) -> tuple[dict, dict]:
-        spec = self.case["trials"][trial]
-        folder = self.io / f"t{trial}" / f"r{self.rank}"
+    def wait(self, word: str, k: int, case: int) -> bool:
+        """Spin until `word` reaches k (True) or the case has ended (False)."""
+        w, i, end = self.ctl.words, W[word], W["end"]
+        while w[i] < k:
+            if w[end] >= case:
+                return False
+            os.sched_yield()
+        return True
+
+    def case(self, index: int, case: dict, ctx: Context) -> None:
         b = self.backend
-        inputs = {p.stem: b.from_host(np.load(p)) for p in sorted(folder.glob("*.npy"))}
-        outputs = {name: b.empty(shape, dtype)
-                   for name, (shape, dtype) in spec["outputs"][self.rank].items()}
-        return inputs, outputs
-
-    def bind(self, bufs: dict) -> None:
-        """Resolve the call's arguments (outside any timed region); a compiled solution gets
-        its C context filled here, peers' buffers mapped through CUDA IPC included."""
-        params = self.case["params"]
-        extra = {k: getattr(self.ctx, k) for k in self.case["args"] if hasattr(self.ctx, k)}
-        self.args = [bufs[a] if a in bufs else extra[a] if a in extra else params[a]
-                     for a in self.case["args"]]
-        if hasattr(self.fn, "prepare"):
-            self.fn.prepare([a for a in self.args if hasattr(a, "nbytes")],
-                            [a for a in self.args if not hasattr(a, "nbytes")])
-
-    def call(self) -> None:
-        if hasattr(self.fn, "prepare"):
-            self.fn()
-        else:
-            self.fn(self.ctx, *self.args)
-
-    def save(self, folder: Path, outputs: dict) -> None:
-        folder.mkdir(parents=True, exist_ok=True)
-        for name, buf in outputs.items():
-            np.save(folder / f"{name}.npy", self.backend.to_host(buf))
-
-    def set_extra(self, trial: int) -> None:
-        for key, value in self.case["trials"][trial]["extra"][self.rank].items():
-            setattr(self.ctx, key, value)
-
-    def run(self) -> None:
-        events = self.trials()
-        times = self.timing() if self.job["reps"] > 0 else []
-        self.out.mkdir(parents=True, exist_ok=True)
-        (self.out / f"events_r{self.rank}.json").write_text(
-            json.dumps({"trials": events, "times": times}))
-
-    def trials(self) -> list[dict]:
-        """Correctness calls on fresh inputs, poisoned outputs, an optional delay before entry."""
-        b, events = self.backend, []
-        for t, spec in enumerate(self.case["trials"]):
-            self.status.update(phase=f"case {self.case['id']} trial {t}")
-            inputs, outputs = self.buffers(t)
-            for buf in outputs.values():
-                b.poison(buf)
-            self.set_extra(t)
-            self.bind({**inputs, **outputs})
-            b.synchronize()
-            self.harness.Barrier()
-            time.sleep(spec["delays"][self.rank])
-            t_enter = time.monotonic()
-            self.call()
-            b.synchronize()
-            events.append({"t_enter": t_enter, "t_exit": time.monotonic()})
-            # peers may write into this rank's outputs (CUDA IPC): read them only after every
-            # rank's call has finished
-            self.harness.Barrier()
-            self.save(self.out / f"t{t}" / f"r{self.rank}", outputs)
-        return events
-
-    def timing(self) -> list[float]:
-        """Warm-up, then repetitions that start together: at least job["reps"], more while the
-        time budget lasts (rank 0 decides for all). Inputs named in `vary` shift every
-        repetition; the chosen repetitions' outputs and the last one's are saved for checking.
-        A repetition's time on a rank runs from the common start until this rank's device is
-        idle; the controller takes the slowest rank's."""
-        from mpi4py import MPI
-
-        job, case, b, rank = self.job, self.case, self.backend, self.rank
-        self.status.update(phase=f"case {case['id']} timing")
         if b.name == "cuda":
             from .gpu import keep_timing_thread_apart
 
             keep_timing_thread_apart()
-        inputs, outputs = self.buffers(0)
-        base = {name: b.copy(inputs[name]) for name in case["vary"]}
-        self.set_extra(0)
-        self.bind({**inputs, **outputs})
-        self.warm_up()
-        check_reps = set(job["check_reps"])
-        max_reps = len(case["shifts"]) or job["max_reps"]
-        times: list[float] = []
-        spent, rep, more = 0.0, 0, True
-        while more:
-            for name in case["vary"]:
-                b.shift(inputs[name], base[name], case["shifts"][rep][rank])
-            for buf in outputs.values():
-                b.poison(buf)
+        bufs: dict[str, Any] = {}
+        shared: dict[str, np.ndarray] = {}
+        placed: list[list] = []
+        self.version = -1  # every case starts with buffers of its own
+        while True:
+            k = self.k + 1
+            if not self.wait("prep" if b.staged else "gate", k, index):
+                return
+            self.k = k
+            info = self.ctl.read_info()
+            if "remap" in info:  # a bigger data segment, sent on the socket
+                self.data = self.link.remap(info["remap"])
+            for key, value in info.get("extra", {}).items():
+                setattr(ctx, key, value)
+            if self.ctl.get("layout_version") != self.version:
+                self.version = self.ctl.get("layout_version")
+                placed = info["layout"]
+                shared = views(self.data, placed)
+                bufs = shared if not b.staged else {
+                    name: b.empty(shape, dtype) for name, _kind, shape, dtype, _o in placed}
+            self.bind(case, ctx, bufs)  # context values may change from call to call
+            if b.staged:
+                for name, kind, *_ in placed:
+                    if kind == "in":
+                        b.upload(bufs[name], shared[name])
+                    else:
+                        b.poison(bufs[name])
+                b.synchronize()
+                self.ctl.set("ready", k)
+                if not self.wait("gate", k, index):
+                    return
+            self.call(ctx)
             b.synchronize()
-            t0 = self.start_together()
-            self.call()
-            b.synchronize()
-            times.append(b.clock() - t0)
-            spent += times[-1]
-            rep += 1
-            more = rep < job["reps"] or (spent < job["budget_s"] and rep < max_reps)
-            # rank 0 decides; the reduction is also a barrier, so no rank poisons or reads
-            # outputs that a peer may still be writing
-            more = bool(self.harness.allreduce(more if rank == 0 else True, op=MPI.LAND))
-            if rep - 1 in check_reps or not more:
-                self.save(self.out / f"rep{rep - 1}" / f"r{rank}", outputs)
-        return times
+            self.ctl.set("done", k)
+            if b.staged:
+                for name, kind, *_ in placed:
+                    if kind == "out":
+                        np.copyto(shared[name], b.to_host(bufs[name]))
+                self.ctl.set("saved", k)
 
-    def warm_up(self) -> None:
-        """job["warmup"] calls, then as many more as fill WARMUP_S (clocks, caches, lazy
-        set-up of libraries): every rank makes the same number of calls."""
-        from mpi4py import MPI
+    def bind(self, case: dict, ctx: Context, bufs: dict) -> None:
+        """Resolve the call's arguments; a compiled solution gets its C context filled here
+        (peers' buffers mapped through CUDA IPC included)."""
+        params = case["params"]
+        self.args = [bufs[a] if a in bufs else getattr(ctx, a) if hasattr(ctx, a) else params[a]
+                     for a in case["args"]]
+        if hasattr(self.fn, "prepare"):
+            self.fn.prepare([a for a in self.args if hasattr(a, "nbytes")],
+                            [a for a in self.args if not hasattr(a, "nbytes")])
 
-        b = self.backend
-        b.synchronize()
-        self.harness.Barrier()
-        t0 = b.clock()
-        for _ in range(self.job["warmup"]):
-            self.call()
-        b.synchronize()
-        per_call = (b.clock() - t0) / max(self.job["warmup"], 1)
-        per_call = self.harness.allreduce(per_call, op=MPI.MAX)
-        extra = min(MAX_WARMUP_CALLS, int(WARMUP_S / per_call)) if per_call > 0 else 0
-        for _ in range(extra if self.job["warmup"] > 0 else 0):
-            self.call()
-        b.synchronize()
-
-    def start_together(self) -> float:
-        """Align the ranks' start: after a barrier, on one host, every rank waits for a start
-        time rank 0 sets a little ahead (the monotonic clock is the same for every process of
-        a host), which is tighter than the skew of leaving a barrier; across hosts, the
-        barrier alone."""
-        clock = self.backend.clock
-        # every rank is ready (its inputs shifted, outputs poisoned, device idle) before a
-        # start is set: a rank still busy would otherwise start late and be charged for it
-        self.harness.Barrier()
-        if not self.job.get("one_host"):
-            return clock()
-        start = self.harness.bcast(clock() + START_AHEAD_S if self.rank == 0 else None, root=0)
-        while clock() < start:
-            os.sched_yield()  # free when the core has nothing else to run; kind when it has
-        return start
+    def call(self, ctx: Context) -> None:
+        if hasattr(self.fn, "prepare"):
+            self.fn()
+        else:
+            self.fn(ctx, *self.args)

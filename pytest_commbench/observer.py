@@ -1,0 +1,387 @@
+"""The observer: drives one job's calls from outside the solution's processes, takes their
+times and checks their outputs.
+
+Controller wing; it never loads solution code. It serves the job's Unix socket, hands each
+rank its control page and data segment (memory files, see `rank/protocol.py`), and then, call
+by call: writes fresh inputs drawn from the item's secret generator, poisons the outputs,
+opens every rank's gate (a late rank's later, to check handshakes), takes the time on its
+own clock when each rank says it is done, spot-checks that rank's outputs at positions drawn
+at that moment (host backend: an early "done" is a wrong answer), and checks every output of
+every call against the oracle before the next call. Nothing the ranks write about
+themselves (times, phases, errors) decides anything; their status files are only quoted.
+
+What decides who is to blame when a job ends early: whether any rank said it was loading
+the solution (on its socket, before the solution's code ran). Before that, a failure is the
+harness's or the machine's (`infra_error`); after it, the solution's.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import socket
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .checks.base import Case, Op, Trial, compare
+from .rank.protocol import (
+    GUARD_EXIT,
+    SOCKET,
+    Control,
+    layout,
+    memfd,
+    poison_value,
+    socket_address,
+    views,
+)
+from .verdicts import Verdict
+
+WARMUP_S = 0.02  # warm-up calls of a case fill at least this long ...
+MAX_WARMUP_CALLS = 200  # ... with at most this many
+SAMPLES = 16  # positions per output checked the moment a rank says it is done
+LIVENESS_S = 0.005  # how often a wait looks at the job's processes and sockets
+MAX_MESSAGES = 5
+CONTROL_BYTES = 1 << 16
+
+
+class JobEnded(Exception):
+    """The job ended (or must end) before the observer was done with it."""
+
+    def __init__(self, verdict: Verdict, message: str, detail: str = "") -> None:
+        super().__init__(message)
+        self.verdict, self.message, self.detail = verdict, message, detail
+
+
+@dataclass
+class Settings:
+    reps: int  # timed repetitions per case, at least
+    max_reps: int  # ... and at most
+    budget_s: float  # timed seconds per case the repetitions may add up to
+    warmup: int  # untimed calls before the repetitions, at least
+    wall_s: float  # seconds per case the observer may spend on the repetitions in all
+    rtol: float
+    atol: float
+
+
+class Rank:
+    def __init__(self, conn: socket.socket, number: int) -> None:
+        self.conn, self.number = conn, number
+        self.ctl_fd = memfd(f"commbench-ctl-{number}", CONTROL_BYTES)
+        self.ctl = Control(self.ctl_fd)
+        self.data_fd = -1
+        self.data = None
+        self.data_bytes = 0
+        self.buffer = b""
+        self.placed: list[list] = []
+
+    def grow(self, size: int) -> None:
+        """A data segment of at least `size` bytes (a new memory file, sent to the rank)."""
+        import mmap
+
+        size = max(size, 4096)
+        if self.data_fd >= 0:
+            os.close(self.data_fd)
+        self.data_fd = memfd(f"commbench-data-{self.number}", size)
+        self.data = mmap.mmap(self.data_fd, size)
+        self.data_bytes = size
+
+    def close(self) -> None:
+        for fd in (self.ctl_fd, self.data_fd):
+            if fd >= 0:
+                os.close(fd)
+        self.ctl_fd = self.data_fd = -1
+        try:
+            self.conn.close()
+        except OSError:
+            pass
+
+
+class Observer:
+    def __init__(self, job_dir: Path, world: int, op: Op, settings: Settings,
+                 rng: np.random.Generator, staged: bool, timed: bool) -> None:
+        self.job_dir, self.world, self.op, self.s = job_dir, world, op, settings
+        self.rng, self.staged, self.timed = rng, staged, timed
+        self.path = job_dir / SOCKET
+        self.server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        address, fd = socket_address(str(job_dir))
+        try:
+            self.server.bind(address)
+        finally:
+            os.close(fd)
+        self.server.listen(world + 4)
+        self.server.setblocking(False)
+        self.ranks: list[Rank | None] = [None] * world
+        self.loaded = False
+        self.job = None
+        self.k = 0
+        self.version = 0
+
+    # -- plumbing ------------------------------------------------------------------------
+    def close(self) -> None:
+        for r in self.ranks:
+            if r is not None:
+                r.close()
+        self.server.close()
+        self.path.unlink(missing_ok=True)
+
+    def _check(self) -> None:
+        """Raise JobEnded when the job ended or ran out of time; read the ranks' sockets."""
+        self._read_sockets()
+        if self.job.overdue():
+            self.job.timed_out = True
+            if self.loaded:
+                raise JobEnded(Verdict.TIMEOUT, "the job did not finish within its deadline "
+                                                "and was killed")
+            raise JobEnded(Verdict.INFRA_ERROR, "the job's ranks did not start within the "
+                                                "deadline (the solution was not loaded yet)")
+        if not self.job.alive():
+            raise JobEnded(Verdict.RUNTIME_ERROR, "the job ended early")
+
+    def _read_sockets(self) -> None:
+        conns = [r.conn for r in self.ranks if r is not None]
+        if not conns:
+            return
+        ready, _, _ = select.select(conns, [], [], 0)
+        for conn in ready:
+            rank = next(r for r in self.ranks if r is not None and r.conn is conn)
+            try:
+                data = conn.recv(65536)
+            except OSError:
+                data = b""
+            if not data:
+                continue
+            rank.buffer = (rank.buffer + data)[-65536:]
+            while b"\n" in rank.buffer:
+                line, rank.buffer = rank.buffer.split(b"\n", 1)
+                try:
+                    msg = json.loads(line)
+                except ValueError:
+                    continue
+                if isinstance(msg, dict) and msg.get("phase") == "loading":
+                    self.loaded = True
+
+    def _spin(self, cond) -> None:
+        """Wait until cond() is true, looking at the job every LIVENESS_S."""
+        next_look = time.perf_counter() + LIVENESS_S
+        while not cond():
+            now = time.perf_counter()
+            if now >= next_look:
+                self._check()
+                next_look = now + LIVENESS_S
+            os.sched_yield()
+
+    def connect(self, job) -> None:
+        """Accept one connection per rank; each says its rank once and gets its pages."""
+        self.job = job
+        pending: list[socket.socket] = []
+        while any(r is None for r in self.ranks):
+            try:
+                conn, _ = self.server.accept()
+                conn.setblocking(True)
+                conn.settimeout(10)
+                pending.append(conn)
+            except BlockingIOError:
+                pass
+            for conn in list(pending):
+                ready, _, _ = select.select([conn], [], [], 0)
+                if not ready:
+                    continue
+                pending.remove(conn)
+                try:
+                    hello = json.loads(conn.recv(4096).split(b"\n")[0])
+                    number = int(hello["rank"])
+                except (OSError, ValueError, KeyError, TypeError):
+                    conn.close()
+                    continue
+                if not 0 <= number < self.world or self.ranks[number] is not None:
+                    conn.close()  # a second claim to a rank is never believed
+                    continue
+                rank = Rank(conn, number)
+                rank.grow(1 << 16)
+                socket.send_fds(conn, [json.dumps({"data_bytes": rank.data_bytes}).encode()],
+                                [rank.ctl_fd, rank.data_fd])
+                conn.setblocking(False)
+                self.ranks[number] = rank
+            if any(r is None for r in self.ranks):
+                if self.job.overdue() or not self.job.alive():
+                    self.job.timed_out = self.job.overdue()
+                    missing = [i for i, r in enumerate(self.ranks) if r is None]
+                    raise JobEnded(Verdict.INFRA_ERROR,
+                                   f"ranks {missing} never reached the observer")
+                time.sleep(0.001)
+        self.server.close()  # nobody else may claim a rank
+        self.path.unlink(missing_ok=True)
+
+    # -- calls ---------------------------------------------------------------------------
+    def _place(self, trial: Trial) -> None:
+        """Write each rank's inputs of this call and poison its outputs (a new layout and, if
+        needed, a bigger segment where the shapes changed)."""
+        placed_all = []
+        for number, rank in enumerate(self.ranks):
+            specs = [(n, "in", a.shape, a.dtype) for n, a in trial.inputs[number].items()]
+            specs += [(n, "out", shape, dtype)
+                      for n, (shape, dtype) in trial.outputs[number].items()]
+            placed, size = layout(specs)
+            placed_all.append((rank, placed, size))
+        changed = any(p != r.placed for r, p, _ in placed_all)
+        if changed:
+            self.version += 1
+        for (rank, placed, size), number in zip(placed_all, range(self.world)):
+            remap = size > rank.data_bytes
+            if remap:
+                rank.grow(size * 2)
+            rank.placed = placed
+            v = views(rank.data, placed)
+            for name, _kind, _shape, _dtype, _off in placed:
+                if name in trial.inputs[number]:
+                    v[name][...] = trial.inputs[number][name]
+                else:
+                    v[name].fill(poison_value(v[name].dtype))
+            info: dict[str, Any] = {"layout": placed, "extra": trial.extra[number]}
+            if remap:
+                info["remap"] = rank.data_bytes
+            rank.ctl.write_info(info)
+            rank.ctl.set("layout_version", self.version)
+            if remap:
+                socket.send_fds(rank.conn, [b"{}"], [rank.data_fd])
+
+    def call(self, case: Case, trial: Trial, check: bool) -> float:
+        """One call on every rank; returns its time (last done - last gate)."""
+        op = self.op
+        want = None
+        if check and op.samples_outputs:
+            want = op.expected(trial, case.count, case.dtype, case.world, case.params)
+        self._place(trial)
+        self.k += 1
+        k, ranks = self.k, self.ranks
+        if self.staged:
+            for r in ranks:
+                r.ctl.set("prep", k)
+            self._spin(lambda: all(r.ctl.get("ready") >= k for r in ranks))
+        order = sorted(range(self.world), key=lambda i: trial.delays[i])
+        gate = [0.0] * self.world
+        done = [0.0] * self.world
+        early: list[str] = []
+        start = time.perf_counter()
+        for i in order:
+            at = start + trial.delays[i]
+            while time.perf_counter() < at:
+                os.sched_yield()
+            gate[i] = time.perf_counter()
+            ranks[i].ctl.set("gate", k)
+        left = set(range(self.world))
+
+        def collect() -> bool:
+            for i in list(left):
+                if ranks[i].ctl.get("done") >= k:
+                    done[i] = time.perf_counter()
+                    left.discard(i)
+                    if want is not None and not self.staged:
+                        early.extend(self._spot_check(i, want[i]))
+            return not left
+
+        self._spin(collect)
+        if self.staged:
+            self._spin(lambda: all(r.ctl.get("saved") >= k for r in ranks))
+        if check:
+            got = [{n: np.array(a) for n, a in views(r.data, r.placed).items()
+                    if n in trial.outputs[r.number]} for r in ranks]
+            events = [{"t_enter": gate[i], "t_exit": done[i]} for i in range(self.world)]
+            if want is not None:
+                errors = early + op.verify(trial, got, events, case, self.s.rtol, self.s.atol,
+                                           want=want)
+            else:
+                errors = op.verify(trial, got, events, case, self.s.rtol, self.s.atol)
+            if errors:
+                raise WrongAnswer(errors)
+        return max(done) - max(gate)
+
+    def _spot_check(self, number: int, want: dict[str, np.ndarray]) -> list[str]:
+        """Outputs at positions drawn now, the moment the rank said it was done."""
+        rank = self.ranks[number]
+        v = views(rank.data, rank.placed)
+        errors = []
+        exact = self.op.exact
+        for name, w in want.items():
+            got = v.get(name)
+            w = np.asarray(w)
+            if got is None or got.shape != w.shape or got.size == 0:
+                continue
+            idx = self.rng.integers(0, got.size, size=min(SAMPLES, got.size))
+            g = got.reshape(-1)[idx].copy()
+            msg = compare(g, w.reshape(-1)[idx], 0.0 if exact else self.s.rtol,
+                          0.0 if exact else self.s.atol)
+            if msg:
+                errors.append(f"rank {number}: output '{name}' was not complete when the rank "
+                              f"said it was done (spot check of {idx.size} positions: {msg})")
+        return errors
+
+    def run_case(self, case: Case) -> list[float]:
+        """Trials, warm-up and timed repetitions of one case; returns the repetitions' times.
+        Raises WrongAnswer with every message labelled by the call it came from."""
+        label = f"count={case.count} {case.dtype}"
+        where = ""
+        times: list[float] = []
+        try:
+            for t, trial in enumerate(case.trials):
+                where = f"trial {t}"
+                self.call(case, trial, check=True)
+            if self.timed and self.s.reps > 0:
+                where = "warm-up"
+                last = case.trials[-1] if case.trials else self.op.timed_trial(self.rng, case)
+                first = self.call(case, last, check=False)
+                extra = self.s.warmup - 1
+                if first > 0:
+                    extra = max(extra, min(MAX_WARMUP_CALLS, int(WARMUP_S / first)))
+                for _ in range(max(extra, 0)):
+                    self.call(case, last, check=False)
+                began, spent = time.perf_counter(), 0.0
+                while True:
+                    where = f"timed repetition {len(times)}"
+                    times.append(self.call(case, self.op.timed_trial(self.rng, case),
+                                           check=True))
+                    spent += times[-1]
+                    if len(times) >= self.s.reps and (
+                            spent >= self.s.budget_s or len(times) >= self.s.max_reps
+                            or time.perf_counter() - began >= self.s.wall_s):
+                        break
+            elif self.s.reps > 0:
+                # untimed (template, mutants): still a few calls on fresh inputs
+                for n in range(min(self.s.reps, 3)):
+                    where = f"repetition {n}"
+                    self.call(case, self.op.timed_trial(self.rng, case), check=True)
+        except WrongAnswer as exc:
+            raise WrongAnswer([f"[{label}, {where}] {m}" for m in exc.errors]) from None
+        return times
+
+    def end(self, index: int) -> None:
+        """Tell every rank that case `index` (1-based) and those before it are over."""
+        for r in self.ranks:
+            if r is not None:
+                r.ctl.set("end", index)
+
+
+class WrongAnswer(Exception):
+    def __init__(self, errors: list[str]) -> None:
+        super().__init__(errors[0] if errors else "")
+        self.errors = errors
+
+
+def guard_reports(out: Path) -> list[dict]:
+    """Reports the run-time guard wrote (a forbidden call ended a rank)."""
+    found = []
+    for path in sorted(out.glob("guard_r*.json")):
+        try:
+            line = path.read_text(errors="replace").splitlines()[0]
+            found.append(json.loads(line))
+        except (OSError, ValueError, IndexError):
+            found.append({"forbidden": "(unreadable report)"})
+    return found
+
+
+__all__ = ["GUARD_EXIT", "JobEnded", "Observer", "Settings", "WrongAnswer", "guard_reports"]

@@ -1,0 +1,112 @@
+"""What the observer (controller) and a rank share: the control page, the data segment, the
+messages on the job's socket. The one module both wings import; numpy and stdlib only.
+
+Per rank, the observer creates two memory files (memfd) and hands them to the rank over the
+job's Unix socket (SCM_RIGHTS) once the rank has said who it is; they are in no filesystem,
+so no other rank can open them by name.
+
+- the control page: int64 words (below) and a JSON area for the next call's layout and
+  context values;
+- the data segment: this rank's inputs and outputs of the current call, at the offsets the
+  layout gives. The observer writes fresh inputs and poisons the outputs before every call,
+  and reads the outputs itself after the rank says it is done.
+
+A call k (numbered from 1 over the whole job):
+- staged backends (GPU): the observer sets PREP = k; the rank copies the inputs to its
+  device, poisons its outputs, waits for its device and sets READY = k;
+- the observer opens the gate, GATE = k (host backend: as soon as the inputs are written);
+  its clock starts;
+- the rank calls the solution, waits until its whole device is idle and sets DONE = k; the
+  observer's clock stops for this rank;
+- staged backends copy the outputs back and set SAVED = k.
+END = n tells the rank that case n (1-based) has no more calls.
+"""
+
+from __future__ import annotations
+
+import json
+import mmap
+import os
+
+import numpy as np
+
+PAGE = 1 << 16
+WORDS = ("gate", "done", "prep", "ready", "saved", "end", "layout_version", "info_len")
+W = {name: i for i, name in enumerate(WORDS)}
+INFO_AT = 256  # byte offset of the JSON area
+ALIGN = 256
+
+SOCKET = "ctl.sock"
+GUARD_EXIT = 86  # a rank ended by the run-time guard (forbidden call)
+
+
+def layout(specs: list[tuple[str, str, tuple[int, ...], str]]) -> tuple[list[list], int]:
+    """Offsets in the data segment for (name, "in"/"out", shape, dtype) entries."""
+    placed, at = [], 0
+    for name, kind, shape, dtype in specs:
+        nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+        placed.append([name, kind, [int(s) for s in shape], str(np.dtype(dtype)), at])
+        at += (nbytes + ALIGN - 1) // ALIGN * ALIGN
+    return placed, max(at, ALIGN)
+
+
+def views(buf, placed: list[list]) -> dict[str, np.ndarray]:
+    """numpy arrays over the data segment for a layout (name -> array)."""
+    out = {}
+    for name, _kind, shape, dtype, offset in placed:
+        count = int(np.prod(shape, dtype=np.int64))
+        out[name] = np.frombuffer(buf, dtype=np.dtype(dtype), count=count,
+                                  offset=offset).reshape(shape)
+    return out
+
+
+class Control:
+    """The control page of one rank, seen from either side."""
+
+    def __init__(self, fd: int) -> None:
+        self.map = mmap.mmap(fd, PAGE)
+        self.words = np.frombuffer(self.map, dtype=np.int64, count=len(WORDS))
+
+    def get(self, name: str) -> int:
+        return int(self.words[W[name]])
+
+    def set(self, name: str, value: int) -> None:
+        self.words[W[name]] = value
+
+    def write_info(self, info: dict) -> None:
+        data = json.dumps(info).encode()
+        if INFO_AT + len(data) > PAGE:
+            raise ValueError(f"call description too large ({len(data)} bytes)")
+        self.map[INFO_AT:INFO_AT + len(data)] = data
+        self.set("info_len", len(data))
+
+    def read_info(self) -> dict:
+        n = self.get("info_len")
+        return json.loads(bytes(self.map[INFO_AT:INFO_AT + n]))
+
+
+def memfd(name: str, size: int) -> int:
+    fd = os.memfd_create(name, os.MFD_CLOEXEC)
+    os.ftruncate(fd, max(size, 1))
+    return fd
+
+
+def poison_value(dtype: np.dtype | str):
+    """What outputs hold before every call: NaN for floats, the integer minimum (maximum for
+    unsigned) otherwise; an oracle that finds it knows the element was never written."""
+    dtype = np.dtype(dtype)
+    if dtype.kind in "fc":
+        return np.nan
+    if dtype.kind == "i":
+        return np.iinfo(dtype).min
+    if dtype.kind == "u":
+        return np.iinfo(dtype).max
+    return 0
+
+
+def socket_address(folder: str) -> tuple[str, int]:
+    """A short address for the socket in `folder` (Unix socket paths are limited to 108
+    bytes): through an O_PATH descriptor of the folder. Returns (address, descriptor); the
+    caller closes the descriptor once bound or connected."""
+    fd = os.open(folder, os.O_PATH | os.O_DIRECTORY)
+    return f"/proc/self/fd/{fd}/{SOCKET}", fd
