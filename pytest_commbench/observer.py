@@ -75,6 +75,9 @@ class Rank:
         self.ctl = Control(self.ctl_fd)
         self.data_fd = -1
         self.data = None
+        # the rank's wake-up call: a byte after every word the observer sets for it, so a
+        # rank that waits long sleeps in the kernel instead of spinning
+        self.wake_r, self.wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self.data_bytes = 0
         self.buffer = b""
         self.placed: list[list] = []
@@ -90,11 +93,18 @@ class Rank:
         self.data = mmap.mmap(self.data_fd, size)
         self.data_bytes = size
 
+    def set(self, word: str, value: int) -> None:
+        self.ctl.set(word, value)
+        try:
+            os.write(self.wake_w, b"!")
+        except (BlockingIOError, OSError):  # full (the rank is awake anyway) or closed
+            pass
+
     def close(self) -> None:
-        for fd in (self.ctl_fd, self.data_fd):
+        for fd in (self.ctl_fd, self.data_fd, self.wake_r, self.wake_w):
             if fd >= 0:
                 os.close(fd)
-        self.ctl_fd = self.data_fd = -1
+        self.ctl_fd = self.data_fd = self.wake_r = self.wake_w = -1
         try:
             self.conn.close()
         except OSError:
@@ -116,6 +126,9 @@ class Observer:
         self.server.listen(world + 4)
         self.server.setblocking(False)
         self.ranks: list[Rank | None] = [None] * world
+        # the doorbell: ranks write a byte after each word they set, so the observer sleeps
+        # in the kernel instead of spinning on a CPU the ranks need
+        self.bell_r, self.bell_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self.loaded = False
         self.job = None
         self.k = 0
@@ -128,6 +141,11 @@ class Observer:
                 r.close()
         self.server.close()
         self.path.unlink(missing_ok=True)
+        for fd in (self.bell_r, self.bell_w):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
 
     def _check(self) -> None:
         """Raise JobEnded when the job ended or ran out of time; read the ranks' sockets."""
@@ -166,14 +184,21 @@ class Observer:
                     self.loaded = True
 
     def _spin(self, cond) -> None:
-        """Wait until cond() is true, looking at the job every LIVENESS_S."""
+        """Wait until cond() is true: asleep until a rank rings the doorbell, looking at the
+        job at least every LIVENESS_S."""
         next_look = time.perf_counter() + LIVENESS_S
         while not cond():
+            ready, _, _ = select.select([self.bell_r], [], [], LIVENESS_S)
+            if ready:
+                try:
+                    while os.read(self.bell_r, 65536):
+                        pass
+                except BlockingIOError:
+                    pass
             now = time.perf_counter()
             if now >= next_look:
                 self._check()
                 next_look = now + LIVENESS_S
-            os.sched_yield()
 
     def connect(self, job) -> None:
         """Accept one connection per rank; each says its rank once and gets its pages."""
@@ -204,7 +229,7 @@ class Observer:
                 rank = Rank(conn, number)
                 rank.grow(1 << 16)
                 socket.send_fds(conn, [json.dumps({"data_bytes": rank.data_bytes}).encode()],
-                                [rank.ctl_fd, rank.data_fd])
+                                [rank.ctl_fd, rank.data_fd, self.bell_w, rank.wake_r])
                 conn.setblocking(False)
                 self.ranks[number] = rank
             if any(r is None for r in self.ranks):
@@ -261,30 +286,32 @@ class Observer:
         k, ranks = self.k, self.ranks
         if self.staged:
             for r in ranks:
-                r.ctl.set("prep", k)
+                r.set("prep", k)
             self._spin(lambda: all(r.ctl.get("ready") >= k for r in ranks))
         order = sorted(range(self.world), key=lambda i: trial.delays[i])
         gate = [0.0] * self.world
         done = [0.0] * self.world
         early: list[str] = []
-        start = time.perf_counter()
-        for i in order:
-            at = start + trial.delays[i]
-            while time.perf_counter() < at:
-                os.sched_yield()
-            gate[i] = time.perf_counter()
-            ranks[i].ctl.set("gate", k)
         left = set(range(self.world))
 
         def collect() -> bool:
             for i in list(left):
-                if ranks[i].ctl.get("done") >= k:
+                if gate[i] and ranks[i].ctl.get("done") >= k:
                     done[i] = time.perf_counter()
                     left.discard(i)
                     if want is not None and not self.staged:
                         early.extend(self._spot_check(i, want[i]))
             return not left
 
+        start = time.perf_counter()
+        for i in order:
+            at = start + trial.delays[i]
+            # a late rank's gate: the others' "done"s are taken while it waits
+            while time.perf_counter() < at:
+                collect()
+                os.sched_yield()
+            gate[i] = time.perf_counter()
+            ranks[i].set("gate", k)
         self._spin(collect)
         if self.staged:
             self._spin(lambda: all(r.ctl.get("saved") >= k for r in ranks))
@@ -363,7 +390,7 @@ class Observer:
         """Tell every rank that case `index` (1-based) and those before it are over."""
         for r in self.ranks:
             if r is not None:
-                r.ctl.set("end", index)
+                r.set("end", index)
 
 
 class WrongAnswer(Exception):

@@ -283,7 +283,10 @@ def _run_job(plan: Plan, artifact: Path, job_dir: Path, lease_env: dict[str, str
     job_file = job_dir / "ro" / "job.json"
     job_file.write_text(json.dumps(spec))
     env = {**mpi_env(), **platform.env(), **lease_env, "PYTHONPATH": str(code),
-           "COMMBENCH_GUARD_REPORT": str(out / "guard_r%r.json"), "TMPDIR": "/tmp"}
+           "COMMBENCH_GUARD_REPORT": str(out / "guard_r%r.json"), "TMPDIR": "/tmp",
+           # compile caches of the job's own (a shared one could carry a solution's kernels
+           # into the reference's jobs); the rest of the filesystem is read-only
+           "CUPY_CACHE_DIR": str(scratch / ".cupy"), "CUDA_CACHE_PATH": str(scratch / ".nv")}
     argv = platform.launch_argv(world, job_file)
     if settings.sandbox:
         argv = sandbox.wrap(job_dir, argv, env, hide=_hidden(settings))

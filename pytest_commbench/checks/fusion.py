@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .base import Op, Trial, random_data
+from .base import Op, Trial
 
 # random_data's floats are integers over 64: scaled by 64 they are exact integers
 SCALE = 64
@@ -35,6 +35,14 @@ def _exact_matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return prod / float(SCALE * SCALE)
 
 
+def wide_data(rng: np.random.Generator, shape, dtype: str) -> np.ndarray:
+    """Multiples of 1/SCALE up to +-32 (exact in float32 and float64): their products summed
+    over k need more than float32's 24 bits, so a matmul done in lower precision is wrong."""
+    out = rng.integers(-2048, 2048, size=shape, dtype=np.int16).astype(np.dtype(dtype))
+    out *= np.dtype(dtype).type(1 / SCALE)
+    return out
+
+
 class AllgatherMatmul(Op):
     name = "allgather_matmul"
     vary = ("a_shard",)
@@ -48,8 +56,8 @@ class AllgatherMatmul(Op):
 
     def make_trial(self, rng, count, dtype, world, params):
         k, n = self._kn(params)
-        inputs = [{"a_shard": random_data(rng, (count, k), dtype),
-                   "b": random_data(rng, (k, n), dtype)} for _ in range(world)]
+        inputs = [{"a_shard": wide_data(rng, (count, k), dtype),
+                   "b": wide_data(rng, (k, n), dtype)} for _ in range(world)]
         outputs = [{"c": ((world * count, n), dtype)} for _ in range(world)]
         return Trial(inputs, outputs)
 

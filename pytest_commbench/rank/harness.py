@@ -15,8 +15,10 @@ import importlib.util
 import json
 import mmap
 import os
+import select
 import socket
 import sys
+import time
 import traceback
 from pathlib import Path
 from types import SimpleNamespace
@@ -28,6 +30,7 @@ from .backends import make_backend
 from .protocol import Control, W, socket_address, views
 
 PR_SET_DUMPABLE = 4
+SPIN_S = 200e-6  # a wait spins this long before it sleeps until the observer's wake-up call
 
 
 class Status:
@@ -70,14 +73,22 @@ class Link:
         finally:
             os.close(fd)
         self.say(rank=rank, pid=os.getpid())
-        msg, fds, _flags, _addr = socket.recv_fds(self.sock, 4096, 2)
-        if len(fds) != 2:
+        msg, fds, _flags, _addr = socket.recv_fds(self.sock, 4096, 4)
+        if len(fds) != 4:
             raise RuntimeError("the observer sent no control page")
         hello = json.loads(msg)
         self.ctl = Control(fds[0])
         self.data = mmap.mmap(fds[1], hello["data_bytes"])
-        for fd in fds:
+        self.bell = fds[2]  # the observer's doorbell (non-blocking)
+        self.wake = fds[3]  # this rank's wake-up calls from the observer
+        for fd in fds[:2]:
             os.close(fd)
+
+    def ring(self) -> None:
+        try:
+            os.write(self.bell, b"!")
+        except BlockingIOError:  # full: the observer is awake anyway
+            pass
 
     def remap(self, size: int):
         self.sock.setblocking(True)
@@ -206,12 +217,24 @@ class Calls:
         self.args: list[Any] = []
 
     def wait(self, word: str, k: int, case: int) -> bool:
-        """Spin until `word` reaches k (True) or the case has ended (False)."""
+        """Until `word` reaches k (True) or the case has ended (False): spinning for SPIN_S,
+        then asleep until the observer's wake-up call (a rank that spins for long takes the
+        CPU the observer and the other ranks need)."""
         w, i, end = self.ctl.words, W[word], W["end"]
+        spin_until = time.perf_counter() + SPIN_S
         while w[i] < k:
             if w[end] >= case:
                 return False
-            os.sched_yield()
+            if time.perf_counter() < spin_until:
+                os.sched_yield()
+                continue
+            ready, _, _ = select.select([self.link.wake], [], [], 0.05)
+            if ready:
+                try:
+                    while os.read(self.link.wake, 4096):
+                        pass
+                except BlockingIOError:
+                    pass
         return True
 
     def case(self, index: int, case: dict, ctx: Context) -> None:
@@ -249,16 +272,19 @@ class Calls:
                         b.poison(bufs[name])
                 b.synchronize()
                 self.ctl.set("ready", k)
+                self.link.ring()
                 if not self.wait("gate", k, index):
                     return
             self.call(ctx)
             b.synchronize()
             self.ctl.set("done", k)
+            self.link.ring()
             if b.staged:
                 for name, kind, *_ in placed:
                     if kind == "out":
                         np.copyto(shared[name], b.to_host(bufs[name]))
                 self.ctl.set("saved", k)
+                self.link.ring()
 
     def bind(self, case: dict, ctx: Context, bufs: dict) -> None:
         """Resolve the call's arguments; a compiled solution gets its C context filled here
