@@ -328,6 +328,9 @@ def _run_job(plan: Plan, artifact: Path, job_dir: Path, lease_env: dict[str, str
 
 
 END_GRACE_S = 30.0
+# Open MPI 5's report of a rank that ended without MPI_Finalize (os._exit, exit())
+IMPROPER = re.compile(r"process\s+rank\s+(\d+)\s+with\s+PID\s+\d+\s+on\s+node\s+\S+\s+"
+                      r"exiting\s+improperly")
 EXITED = re.compile(r"(?:rank|Process name: \[\[?[^\]]*?,)\s*(\d+)\]?.*?"
                     r"(?:exit(?:ed)?(?: with)?(?: non-zero)? (?:status|code)[:\s]+(\d+))",
                     re.S)
@@ -366,6 +369,11 @@ def _blame(outcome: Outcome, result, out: Path, world: int, loaded: bool) -> Non
     if seen:
         how = f"signal {seen.group(2)}{f' ({seen.group(3)})' if seen.group(3) else ''}"
         outcome.message = f"rank {seen.group(1)} died ({how}): {outcome.message}"
+        return
+    seen = IMPROPER.search(result.output)
+    if seen:
+        outcome.message = (f"rank {seen.group(1)} died (it left without finalizing MPI, e.g. "
+                           f"os._exit): {outcome.message}")
         return
     seen = EXITED.search(result.output)
     if seen:

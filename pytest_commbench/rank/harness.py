@@ -158,7 +158,8 @@ def guard(job: dict, rank: int, solution: str) -> None:
             from . import guard as audit
         except ImportError:
             return
-        audit.install(solution=solution, writable=[job["scratch"]],
+        # the status files are only quoted in messages: the solution may write them
+        audit.install(solution=solution, writable=[job["scratch"], job["out"]],
                       report=str(Path(job["out"]) / f"guard_r{rank}.json"),
                       hidden_modules=[__package__, "pytest_commbench", "pytest", "_pytest"])
 
