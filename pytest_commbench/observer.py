@@ -313,7 +313,9 @@ class Observer:
             gate[i] = time.perf_counter()
             ranks[i].set("gate", k)
         self._spin(collect)
-        if self.staged:
+        if self.staged:  # every rank is done: peers no longer write into anyone's outputs
+            for r in ranks:
+                r.set("fetch", k)
             self._spin(lambda: all(r.ctl.get("saved") >= k for r in ranks))
         if check:
             got = [{n: np.array(a) for n, a in views(r.data, r.placed).items()

@@ -6,11 +6,18 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 
 from pytest_commbench.platforms.gpu import detect, nvidia_gpus
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
 
 pytestmark = pytest.mark.skipif(
     detect() is None or len(nvidia_gpus()) < 2, reason="needs 2 NVIDIA GPUs of a known model")
@@ -63,7 +70,7 @@ def test_a_deadlocked_gpu_solution_is_killed_and_the_gpus_are_clean(bench, proce
     assert timed_out["duration_s"] < 20 + 45  # the warm-up and reference jobs ran first
     assert elapsed < 20 + 10 + 180
 
-    assert [p for p in processes_with(b"pytest_commbench.rank")
+    assert [p for p in processes_with(b"commbench_rank")
             if str(bench.root).encode() in open(f"/proc/{p}/cmdline", "rb").read()] == []
     # the driver frees a killed context's memory asynchronously: give it a few seconds
     deadline = time.monotonic() + 15
@@ -96,3 +103,22 @@ def test_a_slower_gpu_solution_gets_a_speedup_below_one(bench):
     assert record["speedup"] < 0.5
     print(f"one block: {largest['value_sol']:.1f} GB/s against {largest['value_ref']:.1f} GB/s "
           f"at {largest['bytes']} bytes; task speedup {record['speedup']:.3f}")
+
+
+CHEATS = Path(__file__).parent.parent / "fixtures" / "cheats-gpu"
+
+
+@pytest.mark.parametrize("cheat", sorted(p.name for p in CHEATS.iterdir() if p.is_dir()))
+def test_a_gpu_cheat_is_rejected(bench, cheat):
+    """Each CUDA cheat of fixtures/cheats-gpu gets a verdict in its `expect` list (a pass
+    only with a speedup no better than its `max_speedup`)."""
+    spec = tomllib.loads((CHEATS / cheat / "cheat.toml").read_text())
+    bench.add_task(spec["task"], ranks=2)
+    result = bench.run("--platform=auto", f"--commbench-model=dir:{CHEATS / cheat}",
+                       "--commbench-max-rounds=1", "--commbench-rounds=1")
+    (record,) = bench.records()
+    assert record["verdict"] in spec["expect"], (record["verdict"], record["message"],
+                                                 result.stdout.str()[-2000:])
+    if record["verdict"] == "pass":
+        assert record["speedup"] <= spec["max_speedup"], record["speedup"]
+    print(f"{cheat}: {record['verdict']} {record.get('speedup')} {record['message'][:200]}")

@@ -281,6 +281,8 @@ class Calls:
             self.ctl.set("done", k)
             self.link.ring()
             if b.staged:
+                if not self.wait("fetch", k, index):
+                    return
                 for name, kind, *_ in placed:
                     if kind == "out":
                         np.copyto(shared[name], b.to_host(bufs[name]))

@@ -18,7 +18,9 @@ A call k (numbered from 1 over the whole job):
   its clock starts;
 - the rank calls the solution, waits until its whole device is idle and sets DONE = k; the
   observer's clock stops for this rank;
-- staged backends copy the outputs back and set SAVED = k.
+- staged backends, once the observer has seen every rank done and set FETCH = k (a peer may
+  write into this rank's outputs through CUDA IPC until then), copy the outputs back and
+  set SAVED = k.
 END = n tells the rank that case n (1-based) has no more calls.
 """
 
@@ -31,7 +33,7 @@ import os
 import numpy as np
 
 PAGE = 1 << 16
-WORDS = ("gate", "done", "prep", "ready", "saved", "end", "layout_version", "info_len")
+WORDS = ("gate", "done", "prep", "ready", "saved", "end", "layout_version", "info_len", "fetch")
 W = {name: i for i, name in enumerate(WORDS)}
 INFO_AT = 256  # byte offset of the JSON area
 ALIGN = 256

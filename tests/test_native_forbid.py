@@ -1,0 +1,31 @@
+"""Native (CUDA) builds: a function looked up at run time is forbidden wherever the task
+forbids anything (needs nvcc, not a GPU)."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from pytest_commbench.build import build_cuda, native_forbid
+from pytest_commbench.tasks import load_task
+from pytest_commbench.verdicts import Rejected, Verdict
+
+REPO = Path(__file__).parent.parent
+CHEAT = REPO / "fixtures" / "cheats-gpu" / "lookup_through_dlvsym" / "p2p" / "ce_peer_copy"
+
+
+def test_run_time_lookups_join_a_non_empty_forbid_list():
+    assert "dlvsym" in native_forbid(("nccl*",))
+    assert "cudaGetDriverEntryPoint*" in native_forbid(("nccl*",))
+    assert native_forbid(()) == ("commbench_guard_*",)
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
+def test_a_lookup_under_another_name_is_forbidden_at_build(tmp_path):
+    task = load_task(REPO / "suites" / "p2p" / "ce_peer_copy" / "task.toml", REPO / "suites")
+    with pytest.raises(Rejected) as info:
+        build_cuda(task, (CHEAT / "solution.cu").read_text(), tmp_path, "sm_90")
+    assert info.value.verdict is Verdict.FORBIDDEN
+    assert "dlvsym" in info.value.message
