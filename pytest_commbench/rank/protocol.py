@@ -88,8 +88,14 @@ class Control:
 
 
 def memfd(name: str, size: int) -> int:
-    fd = os.memfd_create(name, os.MFD_CLOEXEC)
+    """A memory file of `size` bytes that nobody can shrink or grow (sealed): a rank that
+    truncated it would otherwise crash the observer with SIGBUS on its next access."""
+    import fcntl
+
+    fd = os.memfd_create(name, os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
     os.ftruncate(fd, max(size, 1))
+    fcntl.fcntl(fd, fcntl.F_ADD_SEALS,
+                fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL)
     return fd
 
 
