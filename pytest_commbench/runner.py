@@ -19,9 +19,9 @@ from typing import Any
 
 import numpy as np
 
-from . import checks, observer, regions, sandbox
+from . import checks, interposer, observer, regions, sandbox
 from .checks.base import Case
-from .launch import Job, mpi_env
+from .launch import Job, find_mpiexec, mpi_env
 from .models.base import Candidate, Reply
 from .platforms.base import Platform
 from .tasks import Task
@@ -258,6 +258,17 @@ def _hidden(settings: Settings) -> list[Path]:
     return [t for t in trees if t and Path(t).resolve() != Path("/")]
 
 
+def _interposer(task: Task, settings: Settings) -> Path | None:
+    """The preloaded library that ends a rank calling what the task forbids (None where the
+    task forbids nothing or the machine cannot build it)."""
+    if not task.forbid:
+        return None
+    uses = {task.library, *task.requires}
+    libs = interposer.default_libraries(find_mpiexec(), nccl=bool(uses & {"nccl", "nccl-device"}),
+                                        nvshmem="nvshmem" in uses)
+    return interposer.build_interposer(tuple(task.forbid), libs, settings.cache / "guard")
+
+
 def _job_seed(seed: int, job_dir: Path) -> int:
     return int.from_bytes(hashlib.sha256(f"{seed}:{job_dir.name}".encode()).digest()[:8],
                           "little")
@@ -287,6 +298,11 @@ def _run_job(plan: Plan, artifact: Path, job_dir: Path, lease_env: dict[str, str
            # compile caches of the job's own (a shared one could carry a solution's kernels
            # into the reference's jobs); the rest of the filesystem is read-only
            "CUPY_CACHE_DIR": str(scratch / ".cupy"), "CUDA_CACHE_PATH": str(scratch / ".nv")}
+    preload = _interposer(task, settings)
+    if preload is not None:
+        staged = job_dir / "ro" / preload.name
+        shutil.copyfile(preload, staged)
+        env["LD_PRELOAD"] = ":".join(p for p in (str(staged), env.get("LD_PRELOAD")) if p)
     argv = platform.launch_argv(world, job_file)
     if settings.sandbox:
         argv = sandbox.wrap(job_dir, argv, env, hide=_hidden(settings))
@@ -340,6 +356,9 @@ def _blame(outcome: Outcome, result, out: Path, world: int, loaded: bool) -> Non
     """Who ended the job: a forbidden call (the guard's report), a rank that raised or died,
     or, before any rank said it was loading the solution, the harness or the machine."""
     reports = observer.guard_reports(out)
+    if result.returncode == interposer.RESOLVE_EXIT and not reports:
+        raise InfraError("the run-time guard does not fit the MPI the ranks loaded: "
+                         f"{result.output.strip()[-800:]}")
     if reports:
         outcome.verdict = Verdict.FORBIDDEN
         what = reports[0].get("forbidden", "?")

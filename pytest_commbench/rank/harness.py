@@ -30,6 +30,9 @@ from .backends import make_backend
 from .protocol import Control, W, socket_address, views
 
 PR_SET_DUMPABLE = 4
+# once the audit hook is installed, the only safe way to format an exception (reading
+# frames otherwise trips the hook); replaced by guard()
+DESCRIBE = [lambda exc: traceback.format_exc()[-6000:]]
 SPIN_S = 200e-6  # a wait spins this long before it sleeps until the observer's wake-up call
 
 
@@ -131,37 +134,66 @@ def main(argv: list[str]) -> int:
     try:
         run(job, rank, status, link)
     except BaseException as exc:  # reported for a human to read; the verdict is the observer's
-        status.update(error=f"{type(exc).__name__}: {exc}"[:2000],
-                      traceback=traceback.format_exc()[-6000:])
-        sys.stderr.write(f"[commbench rank {rank}] {status.data['phase']}: "
-                         f"{traceback.format_exc()[-6000:]}")
+        text = DESCRIBE[0](exc)
+        status.update(error=text.strip().splitlines()[-1][:2000] if text.strip() else
+                      type(exc).__name__, traceback=text[-6000:])
+        sys.stderr.write(f"[commbench rank {rank}] {status.data['phase']}: {text[-6000:]}\n")
         sys.stderr.flush()
-        from mpi4py import MPI
-
-        MPI.COMM_WORLD.Abort(3)
+        ABORT[0](3)
         return 3
     return 0
 
 
-def guard(job: dict, rank: int, solution: str) -> None:
+ABORT = [lambda code: os._exit(code)]
+
+
+def warm_up_cupy(scratch: Path) -> None:
+    """cupy loads its libraries through ctypes and compiles kernels in temporary folders on
+    first use: do both before the audit hook is installed (it refuses ctypes afterwards)."""
+    import cupy
+    from cupy_backends.cuda import libs
+
+    for name in ("cublas", "cusolver", "cusparse", "curand", "nccl", "nvrtc"):
+        try:
+            getattr(libs, name)
+        except Exception:  # noqa: BLE001 - a library this machine lacks is not needed
+            pass
+    try:
+        x = cupy.arange(4, dtype=cupy.float32)
+        (x * 2 + 1).sum().get()
+        x @ cupy.ones((4,), dtype=cupy.float32)
+        cupy.cuda.runtime.deviceSynchronize()
+    except Exception:  # noqa: BLE001 - the solution will meet it (and be charged) itself
+        pass
+
+
+def guard(job: dict, rank: int, solution: str, scratch: Path) -> None:
     """From here on the process runs the solution's code: its memory is closed to other
     processes (host backend), forbidden library calls end it (the preloaded interposer), and
-    Python solutions run under an audit hook."""
+    Python solutions run under an audit hook. Everything the harness needs afterwards is
+    imported before."""
+    import tempfile
+
+    from mpi4py import MPI
+
+    tempfile.tempdir = str(scratch)
+    ABORT[0] = MPI.COMM_WORLD.Abort
     if job["backend"] == "cpu":
         ctypes.CDLL(None).prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
+    elif job["language"] == "python":
+        warm_up_cupy(scratch)
     if os.environ.get("COMMBENCH_GUARD_REPORT"):
         arm = getattr(ctypes.CDLL(None), "commbench_guard_arm", None)
         if arm is not None:
             arm()
     if job["language"] == "python" and job.get("audit", True):
-        try:
-            from . import guard as audit
-        except ImportError:
-            return
+        from . import guard as audit
+
         # the status files are only quoted in messages: the solution may write them
-        audit.install(solution=solution, writable=[job["scratch"], job["out"]],
-                      report=str(Path(job["out"]) / f"guard_r{rank}.json"),
-                      hidden_modules=[__package__, "pytest_commbench", "pytest", "_pytest"])
+        DESCRIBE[0] = audit.install(
+            solution=solution, writable=[job["scratch"], job["out"]],
+            report=str(Path(job["out"]) / f"guard_r{rank}.json"),
+            hidden_modules=[__package__, "pytest_commbench", "pytest", "_pytest"])
 
 
 def run(job: dict, rank: int, status: Status, link: Link) -> None:
@@ -189,15 +221,16 @@ def run(job: dict, rank: int, status: Status, link: Link) -> None:
     status.update(phase="load solution")
     link.say(phase="loading")
     solution = job["solution"]
+    calls = Calls(link, backend, None)  # before the guard: it imports what it needs
     if job["language"] == "cuda":
         from .gpu import NativeSolution
 
-        guard(job, rank, solution)
+        guard(job, rank, solution, scratch)
         fn = NativeSolution(solution, gpu, "ipc" in job.get("fixtures", []))
     else:
-        guard(job, rank, solution)
+        guard(job, rank, solution, scratch)
         fn = load_solution(solution, job["entry"])
-    calls = Calls(link, backend, fn)
+    calls.fn = fn
     for index, case in enumerate(job["cases"], start=1):
         status.update(phase=f"case {case['id']}")
         ctx = Context(comm=solution_comm, rank=rank, world_size=size,
@@ -213,6 +246,11 @@ class Calls:
     def __init__(self, link: Link, backend, fn) -> None:
         self.link, self.ctl, self.data = link, link.ctl, link.data
         self.backend, self.fn = backend, fn
+        self.apart = lambda: None
+        if backend.name == "cuda":  # imported now: the harness imports nothing once guarded
+            from .gpu import keep_timing_thread_apart
+
+            self.apart = keep_timing_thread_apart
         self.k = 0  # the last call made (numbered over the whole job)
         self.version = -1
         self.args: list[Any] = []
@@ -241,9 +279,7 @@ class Calls:
     def case(self, index: int, case: dict, ctx: Context) -> None:
         b = self.backend
         if b.name == "cuda":
-            from .gpu import keep_timing_thread_apart
-
-            keep_timing_thread_apart()
+            self.apart()
         bufs: dict[str, Any] = {}
         shared: dict[str, np.ndarray] = {}
         placed: list[list] = []
