@@ -43,6 +43,7 @@ from .verdicts import Verdict
 
 WARMUP_S = 0.02  # warm-up calls of a case fill at least this long ...
 MAX_WARMUP_CALLS = 200  # ... with at most this many
+MIN_REPS = 3  # timed repetitions of a case at least, whatever the observer's own time
 SAMPLES = 16  # positions per output checked the moment a rank says it is done
 LIVENESS_S = 0.005  # how often a wait looks at the job's processes and sockets
 MAX_MESSAGES = 5
@@ -375,9 +376,14 @@ class Observer:
                     times.append(self.call(case, self.op.timed_trial(self.rng, case),
                                            check=True))
                     spent += times[-1]
+                    wall = time.perf_counter() - began
                     if len(times) >= self.s.reps and (
                             spent >= self.s.budget_s or len(times) >= self.s.max_reps
-                            or time.perf_counter() - began >= self.s.wall_s):
+                            or wall >= self.s.wall_s):
+                        break
+                    # the largest sizes: drawing, writing and checking fresh inputs costs
+                    # the observer seconds a call; bandwidth-bound calls vary little
+                    if len(times) >= MIN_REPS and wall >= self.s.wall_s:
                         break
             elif self.s.reps > 0:
                 # untimed (template, mutants): still a few calls on fresh inputs
