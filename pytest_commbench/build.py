@@ -21,7 +21,13 @@ from pathlib import Path
 from .tasks import Task
 from .verdicts import Rejected, Verdict
 
-RECIPE_VERSION = "py-1"
+RECIPE_VERSION = "py-2"
+# No task needs processes of its own beyond the job's ranks: MPI's dynamic processes would run
+# code outside the guard (helpers that do a forbidden collective for the ranks). Forbidden in
+# every task, by name in Python sources and at run time (the interposer's families).
+ALWAYS_FORBIDDEN_PY = ("Spawn*", "Comm_spawn*", "Open_port", "Publish_name", "Lookup_name")
+ALWAYS_FORBIDDEN_C = ("Comm_spawn*", "Comm_connect", "Comm_accept", "Comm_join", "Open_port",
+                      "Publish_name", "Lookup_name")
 
 
 @dataclass(frozen=True)
@@ -61,6 +67,30 @@ def used_names(tree: ast.AST) -> set[str]:
     return names
 
 
+# Groups a manifest's `forbid` may name instead of listing members (a list that forgets one
+# collective is a hole): every MPI collective, blocking, nonblocking, persistent and
+# neighbourhood; every one-sided (RMA) operation.
+GROUPS = {
+    "@mpi-collectives": (
+        "Allgather*", "allgather", "Iallgather*", "Allreduce*", "allreduce", "Iallreduce*",
+        "Alltoall*", "alltoall", "Ialltoall*", "Barrier*", "barrier", "Ibarrier*",
+        "Bcast*", "bcast", "Ibcast*", "Exscan*", "exscan", "Iexscan*", "Gather*", "gather",
+        "Igather*", "Reduce*", "reduce*", "Ireduce*", "Scan*", "scan", "Iscan*", "Scatter*",
+        "scatter", "Iscatter*", "Neighbor_*", "neighbor_*", "Ineighbor_*"),
+    "@mpi-rma": (
+        "Win*", "Put", "Get", "Accumulate", "Get_accumulate", "Fetch_and_op",
+        "Compare_and_swap", "Rput", "Rget", "Raccumulate", "Rget_accumulate"),
+}
+
+
+def expand_forbid(patterns) -> tuple[str, ...]:
+    """A manifest's patterns with its groups (`@mpi-collectives`, ...) spelt out."""
+    out: list[str] = []
+    for p in patterns:
+        out.extend(GROUPS.get(p, (p,)))
+    return tuple(dict.fromkeys(out))
+
+
 def forbidden_uses(names: set[str], patterns: tuple[str, ...]) -> list[str]:
     return sorted({n for n in names for p in patterns if fnmatchcase(n, p)})
 
@@ -75,11 +105,12 @@ def build_python(task: Task, source: str, cache_dir: Path) -> Artifact:
         raise Rejected(Verdict.COMPILE_ERROR,
                        f"the solution does not compile: {exc.__class__.__name__}: {exc}",
                        f"line {line}" if line else "") from None
-    bad = forbidden_uses(used_names(tree), task.forbid)
+    patterns = (*expand_forbid(task.forbid), *ALWAYS_FORBIDDEN_PY)
+    bad = forbidden_uses(used_names(tree), patterns)
     if bad:
         raise Rejected(Verdict.FORBIDDEN,
                        f"the solution uses what this task forbids: {', '.join(bad)}",
-                       f"forbidden patterns: {', '.join(task.forbid)}")
+                       f"forbidden patterns: {', '.join(patterns)}")
     folder = cache_dir / key
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / "solution.py"
@@ -264,7 +295,7 @@ def build_cuda(task: Task, source: str, cache_dir: Path, arch: str) -> Artifact:
             raise Rejected(Verdict.COMPILE_ERROR, f"the solution does not compile: {first}",
                            message[-6000:])
         tmp.replace(lib)
-    patterns = native_forbid(task.forbid)
+    patterns = native_forbid(expand_forbid(task.forbid))
     bad = forbidden_uses(linked_names(lib), patterns)
     if bad:
         raise Rejected(Verdict.FORBIDDEN,
@@ -283,4 +314,5 @@ def native_forbid(patterns: tuple[str, ...]) -> tuple[str, ...]:
     """A task's forbid patterns for a native build: where it forbids anything, the run-time
     look-ups too (the guard's entry point always)."""
     extra = LOOKUPS if patterns else ()
-    return tuple(dict.fromkeys((*patterns, *extra, "commbench_guard_*")))
+    return tuple(dict.fromkeys((*patterns, *extra, *(f"MPI_{p}" for p in ALWAYS_FORBIDDEN_C),
+                                "commbench_guard_*")))

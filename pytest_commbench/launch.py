@@ -55,8 +55,14 @@ def mpi_version() -> str:
     return lines[0] if lines else "unknown"
 
 
+SECRET = re.compile(r"(^COMMBENCH_)|(_API_KEY$)|(_KEY$)|(TOKEN)|(SECRET)|(PASSWORD)|(PASSWD)|"
+                    r"(CREDENTIAL)|(^AWS_)|(^AZURE_)|(^GOOGLE_APPLICATION)", re.I)
+
+
 def mpi_env() -> dict[str, str]:
-    env = dict(os.environ)
+    """The environment of a job: the controller's, less anything that is the benchmark's
+    business (COMMBENCH_*: the seed among them) or looks like a credential (model API keys)."""
+    env = {k: v for k, v in os.environ.items() if not SECRET.search(k)}
     # containers and CI run as root; Open MPI refuses without these
     env.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
     env.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from . import checks, interposer, observer, regions, sandbox
+from .build import ALWAYS_FORBIDDEN_C, expand_forbid
 from .checks.base import Case
 from .launch import Job, find_mpiexec, mpi_env
 from .models.base import Candidate, Reply
@@ -261,12 +262,11 @@ def _hidden(settings: Settings) -> list[Path]:
 def _interposer(task: Task, settings: Settings) -> Path | None:
     """The preloaded library that ends a rank calling what the task forbids (None where the
     task forbids nothing or the machine cannot build it)."""
-    if not task.forbid:
-        return None
     uses = {task.library, *task.requires}
     libs = interposer.default_libraries(find_mpiexec(), nccl=bool(uses & {"nccl", "nccl-device"}),
                                         nvshmem="nvshmem" in uses)
-    return interposer.build_interposer(tuple(task.forbid), libs, settings.cache / "guard")
+    patterns = tuple(dict.fromkeys((*expand_forbid(task.forbid), *ALWAYS_FORBIDDEN_C)))
+    return interposer.build_interposer(patterns, libs, settings.cache / "guard")
 
 
 def _job_seed(seed: int, job_dir: Path) -> int:
@@ -333,6 +333,14 @@ def _run_job(plan: Plan, artifact: Path, job_dir: Path, lease_env: dict[str, str
                                            if len(exc.errors) > MAX_MESSAGES else []))
     except observer.JobEnded as exc:
         outcome.verdict, outcome.message, outcome.detail = exc.verdict, exc.message, exc.detail
+    except Exception as exc:
+        # after a rank began to load the solution, whatever made the observer fail came
+        # through the solution's reach (its outputs, its messages, its processes): its fault
+        if not obs.loaded:
+            raise
+        outcome.verdict = Verdict.RUNTIME_ERROR
+        outcome.message = (f"the job made the observer fail ({type(exc).__name__}: "
+                           f"{str(exc)[:300]})")
     finally:
         obs.end(len(plan.cases))
         result = job.finish()
@@ -370,9 +378,11 @@ def _blame(outcome: Outcome, result, out: Path, world: int, loaded: bool) -> Non
                          f"{result.output.strip()[-800:] or 'no output'}")
     statuses = []
     for rank in range(world):
-        try:
-            statuses.append(json.loads((out / f"status_r{rank}.json").read_text()))
-        except (OSError, ValueError):
+        try:  # written by the rank's process: quoted, bounded, never trusted
+            with open(out / f"status_r{rank}.json", "rb") as f:
+                status = json.loads(f.read(65536))
+            statuses.append(status if isinstance(status, dict) else None)
+        except Exception:  # noqa: BLE001
             statuses.append(None)
     if outcome.verdict is Verdict.TIMEOUT:
         stuck = [f"rank {r}: {s.get('phase')}" for r, s in enumerate(statuses)
@@ -381,7 +391,8 @@ def _blame(outcome: Outcome, result, out: Path, world: int, loaded: bool) -> Non
         return
     for rank, s in enumerate(statuses):
         if isinstance(s, dict) and s.get("error"):
-            outcome.message = f"rank {rank} raised during {s.get('phase')}: {s['error']}"[:2000]
+            outcome.message = (f"rank {rank} raised during {str(s.get('phase'))[:100]} (as its "
+                               f"own status file says): {str(s['error'])[:1500]}")
             outcome.detail = str(s.get("traceback", ""))[-6000:]
             return
     seen = LAUNCHER_DEATH.search(result.output)

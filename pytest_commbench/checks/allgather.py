@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .base import Op, Trial, random_data
+from .base import Op, Trial, full_random
 
 
 class AllGather(Op):
@@ -21,7 +21,7 @@ class AllGather(Op):
         return ["sendbuf", "recvbuf"]
 
     def make_trial(self, rng, count, dtype, world, params):
-        inputs = [{"sendbuf": random_data(rng, (count,), dtype)} for _ in range(world)]
+        inputs = [{"sendbuf": full_random(rng, (count,), dtype)} for _ in range(world)]
         outputs = [{"recvbuf": ((count * world,), dtype)} for _ in range(world)]
         return Trial(inputs, outputs)
 

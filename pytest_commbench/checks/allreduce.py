@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .base import Op, Trial, random_data
+from .base import Op, Trial, full_random, sum_slack
 
 
 class AllReduce(Op):
@@ -18,7 +18,7 @@ class AllReduce(Op):
         return ["sendbuf", "recvbuf"]
 
     def make_trial(self, rng, count, dtype, world, params):
-        inputs = [{"sendbuf": random_data(rng, (count,), dtype)} for _ in range(world)]
+        inputs = [{"sendbuf": full_random(rng, (count,), dtype)} for _ in range(world)]
         outputs = [{"recvbuf": ((count,), dtype)} for _ in range(world)]
         return Trial(inputs, outputs)
 
@@ -27,6 +27,10 @@ class AllReduce(Op):
         for named in trial.inputs:
             total += named["sendbuf"]
         return [{"recvbuf": total} for _ in range(world)]
+
+    def slack(self, trial, case):
+        bound = sum_slack([named["sendbuf"] for named in trial.inputs], case.dtype)
+        return [{"recvbuf": bound} for _ in range(case.world)]
 
     def bytes(self, count, dtype, world, params):
         return count * np.dtype(dtype).itemsize, 2.0 * (world - 1) / world

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .base import Op, Trial, random_data
+from .base import Op, Trial, full_random
 
 
 class AllToAll(Op):
@@ -23,7 +23,7 @@ class AllToAll(Op):
         return ["sendbuf", "recvbuf"]
 
     def make_trial(self, rng, count, dtype, world, params):
-        inputs = [{"sendbuf": random_data(rng, (world * count,), dtype)} for _ in range(world)]
+        inputs = [{"sendbuf": full_random(rng, (world * count,), dtype)} for _ in range(world)]
         outputs = [{"recvbuf": ((world * count,), dtype)} for _ in range(world)]
         return Trial(inputs, outputs)
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .base import Case, Op, Trial, random_data
+from .base import Case, Op, Trial, full_random
 
 
 class Bcast(Op):
@@ -25,7 +25,7 @@ class Bcast(Op):
         return ["sendbuf", "recvbuf"]
 
     def _trial(self, rng, count, dtype, world, root: int) -> Trial:
-        inputs = [{"sendbuf": random_data(rng, (count,), dtype)} for _ in range(world)]
+        inputs = [{"sendbuf": full_random(rng, (count,), dtype)} for _ in range(world)]
         outputs = [{"recvbuf": ((count,), dtype)} for _ in range(world)]
         extra = [{"root": int(root)} for _ in range(world)]
         return Trial(inputs, outputs, extra, [0.0] * world)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .base import Op, Trial, random_data
+from .base import Op, Trial, full_random
 
 
 class _Exchange(Op):
@@ -36,7 +36,7 @@ class _Exchange(Op):
     def make_trial(self, rng, count, dtype, world, params):
         if world < self.min_world:
             raise ValueError(f"{self.name} needs at least {self.min_world} ranks, got {world}")
-        inputs = [{"sendbuf": random_data(rng, (count,), dtype)} for _ in range(world)]
+        inputs = [{"sendbuf": full_random(rng, (count,), dtype)} for _ in range(world)]
         outputs = [{"recvbuf": ((count,), dtype)} for _ in range(world)]
         return Trial(inputs, outputs)
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .base import Op, Trial, random_data
+from .base import Op, Trial, full_random, sum_slack
 
 
 class ReduceScatter(Op):
@@ -20,7 +20,7 @@ class ReduceScatter(Op):
         return ["sendbuf", "recvbuf"]
 
     def make_trial(self, rng, count, dtype, world, params):
-        inputs = [{"sendbuf": random_data(rng, (count * world,), dtype)} for _ in range(world)]
+        inputs = [{"sendbuf": full_random(rng, (count * world,), dtype)} for _ in range(world)]
         outputs = [{"recvbuf": ((count,), dtype)} for _ in range(world)]
         return Trial(inputs, outputs)
 
@@ -30,6 +30,11 @@ class ReduceScatter(Op):
         for named in trial.inputs:
             total += named["sendbuf"]
         return [{"recvbuf": total[r * count:(r + 1) * count]} for r in range(world)]
+
+    def slack(self, trial, case):
+        bound = sum_slack([named["sendbuf"] for named in trial.inputs], case.dtype)
+        c = case.count
+        return [{"recvbuf": bound[r * c:(r + 1) * c]} for r in range(case.world)]
 
     def bytes(self, count, dtype, world, params):
         return count * world * np.dtype(dtype).itemsize, (world - 1) / world
