@@ -7,10 +7,14 @@ rank delays that rank, so a barrier that forgets any one peer's arrival is caugh
 
 from __future__ import annotations
 
+import numpy as np
+
 from .base import Case, Op, Trial
 
 DELAY_S = 0.05
-TIMED_DELAY_S = 200e-6
+# timed calls: one rank late by a delay drawn log-uniformly in this range, so a "barrier"
+# that only sleeps must sleep longer than the longest delay on every call (and is timed so)
+TIMED_DELAY_S = (5e-6, 2e-3)
 
 
 class Barrier(Op):
@@ -33,10 +37,11 @@ class Barrier(Op):
         return Case(case_id, count, dtype, world, dict(params), [], made)
 
     def timed_trial(self, rng, case):
-        """One rank, chosen afresh, enters up to TIMED_DELAY_S late, so every timed call is
+        """One rank, chosen afresh, enters late by a delay drawn afresh, so every timed call is
         checked too (a barrier that does not wait leaves before the late rank entered)."""
         delays = [0.0] * case.world
-        delays[int(rng.integers(case.world))] = float(rng.uniform(0, TIMED_DELAY_S))
+        lo, hi = np.log(TIMED_DELAY_S[0]), np.log(TIMED_DELAY_S[1])
+        delays[int(rng.integers(case.world))] = float(np.exp(rng.uniform(lo, hi)))
         return Trial([{} for _ in range(case.world)], [{} for _ in range(case.world)],
                      [{} for _ in range(case.world)], delays)
 
