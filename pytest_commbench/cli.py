@@ -16,7 +16,7 @@ from pathlib import Path
 from tabulate import tabulate
 
 from .report import render
-from .results import load
+from .results import load, merge
 from .scoring import score
 from .tasks import MANIFEST, ManifestError, load_task
 
@@ -32,15 +32,18 @@ def _logs(path: Path) -> list[Path]:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    per_model: dict[str, list[dict]] = {}
+    records: list[dict] = []
     for raw in args.paths:
         logs = _logs(Path(raw))
         if not logs:
             print(f"commbench: no results log at {raw}", file=sys.stderr)
             return 2
         for log in logs:
-            for record in load(log):
-                per_model.setdefault(record.get("model", "?"), []).append(record)
+            records += load(log)
+    # an item of one model in several logs (a run and its rerun) counts once: the later result
+    per_model: dict[str, list[dict]] = {}
+    for record in merge(records):
+        per_model.setdefault(record.get("model", "?"), []).append(record)
     for model, records in sorted(per_model.items()):
         render(records, print, lambda sep, title: print(f" {title} ".center(100, sep)),
                header=f"commbench: model {model}")
@@ -141,7 +144,7 @@ def cmd_markdown(args: argparse.Namespace) -> int:
         print(f"commbench: no results log at {' '.join(args.run)}", file=sys.stderr)
         return 2
     # an item found in several logs counts once: the later log's record wins
-    records = list({r.get("nodeid", id(r)): r for log in logs for r in load(log)}.values())
+    records = merge(r for log in logs for r in load(log))
     write_section(Path(args.out), args.section,
                   markdown_section(records, args.title, args.command, args.compare))
     print(f"commbench: wrote section {args.section!r} of {args.out}")

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import re
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from .results import cap, entries
 from .runner import Settings, run_candidate
 from .scoring import band
 from .session import STATE
@@ -16,6 +18,7 @@ from .tasks import MANIFEST, ManifestError, Task, load_task
 from .verdicts import Verdict
 
 INFRA_RETRIES = 1
+WORKER_DIED = "the pytest worker running this item died"
 
 
 class CommbenchFailure(Exception):
@@ -31,13 +34,17 @@ class TaskManifest(pytest.File):
     """A task's task.toml; yields one item per (world size, candidate) in a stable order.
 
     A file node (not a directory node) so that node ids like
-    `suites/collective/ring_allreduce/task.toml::ring_allreduce[np4]` select one item."""
+    `suites/collective/ring_allreduce/task.toml::ring_allreduce[np4]` select one item.
+    A manifest that cannot be used is a collection error of this task only (plugin.py lets
+    the session go on with the others)."""
 
     def collect(self):
         state = self.config.stash[STATE]
         try:
-            task = load_task(self.path, state.suites)
+            task = load_task(self.path, state.suites, platforms=state.known_platforms,
+                             vendors=state.known_vendors)
         except ManifestError as exc:
+            state.manifest_errors += 1
             raise self.CollectError(str(exc)) from None
         for world in task.ranks:
             for cand in state.model.candidates(task, state.references):
@@ -50,6 +57,26 @@ class TaskManifest(pytest.File):
                 yield item
 
 
+def base_record(task: Task, world: int, candidate_id: str, kind: str, nodeid: str,
+                state) -> dict[str, Any]:
+    """What every line of an item says (never the seed: the "started" line is written before
+    the item's jobs run, and a job must find no seed anywhere)."""
+    return {
+        "nodeid": nodeid, "run": state.run_id, "task": task.relpath, "title": task.title,
+        "category": task.category, "library": task.library, "difficulty": task.difficulty,
+        "setup": task.setup, "world": world, "model": state.model.name,
+        "platform": state.platform.name, "candidate": candidate_id, "kind": kind,
+    }
+
+
+def final_record(state, base: dict[str, Any], record: dict[str, Any]) -> dict[str, Any]:
+    """An item's result line: capped (the solution controls its messages and output), with
+    the seed that reproduces its inputs."""
+    return cap({**base, **record, "event": "result", "seed": state.seed,
+                "band": band(record.get("speedup")), "fingerprint": state.fingerprint,
+                "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
+
+
 class TaskItem(pytest.Item):
     def __init__(self, *, task: Task, world: int, candidate, **kwargs) -> None:
         super().__init__(**kwargs)
@@ -60,28 +87,42 @@ class TaskItem(pytest.Item):
 
     # -- helpers ---------------------------------------------------------------------------
     def _base_record(self, state) -> dict[str, Any]:
-        t = self.task
-        return {
-            "nodeid": self.nodeid, "run": state.run_id, "task": t.relpath, "title": t.title,
-            "category": t.category, "library": t.library, "difficulty": t.difficulty,
-            "setup": t.setup, "world": self.world, "model": state.model.name,
-            "platform": state.platform.name, "candidate": self.candidate.id,
-            "kind": self.candidate.kind, "seed": state.seed,
-        }
+        return base_record(self.task, self.world, self.candidate.id, self.candidate.kind,
+                           self.nodeid, state)
 
     def _finish(self, state, record: dict[str, Any]) -> dict[str, Any]:
-        record = {**self._base_record(state), **record, "event": "result",
-                  "band": band(record.get("speedup")), "fingerprint": state.fingerprint,
-                  "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+        record = final_record(state, self._base_record(state), record)
         state.log.write(record)
         self.config.hook.pytest_commbench_result(config=self.config, record=record)
+        self._adopt(record)
+        return record
+
+    def _adopt(self, record: dict[str, Any]) -> None:
         self.record = record
         self.user_properties.extend(junit_properties(record))
-        return record
+
+    def _conclude(self, record: dict[str, Any], note: str = "") -> None:
+        """Pass or fail the pytest item as its verdict says."""
+        verdict = record["verdict"]
+        if self.candidate.kind == "mutant":
+            if verdict == "pass":
+                raise CommbenchFailure(record, "MUTANT SURVIVED: the checker accepted a known-"
+                                               f"wrong solution (the oracle is too weak){note}")
+            if verdict == "infra_error":
+                raise CommbenchFailure(record, f"infra_error: the mutant could not be judged{note}")
+            return
+        if verdict != "pass":
+            raise CommbenchFailure(record, f"verdict {verdict}{note}")
 
     # -- pytest protocol ---------------------------------------------------------------------
     def setup(self) -> None:
         state = self.config.stash[STATE]
+        recorded = state.resumed.get(self.nodeid)
+        if recorded is not None:  # finished by the run being resumed: judged in runtest
+            if recorded.get("verdict") == "skipped":
+                self._adopt(recorded)
+                pytest.skip(str(recorded.get("message") or "skipped"))
+            return
         reason = state.platform.skip_reason(self.task, self.world)
         if reason:
             self._finish(state, {"verdict": "skipped", "message": reason, "sizes": []})
@@ -89,6 +130,11 @@ class TaskItem(pytest.Item):
 
     def runtest(self) -> None:
         state = self.config.stash[STATE]
+        recorded = state.resumed.get(self.nodeid)
+        if recorded is not None:
+            self._adopt(recorded)
+            self._conclude(recorded, f" (recorded by run {state.run_id}, resumed)")
+            return
         state.log.write({**self._base_record(state), "event": "started",
                          "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
         slug = self.nodeid.replace("/", "_").replace("::", "__").replace("[", "_").rstrip("]")
@@ -98,23 +144,13 @@ class TaskItem(pytest.Item):
             max_rounds=state.max_rounds, precision=state.precision,
             reps=state.reps, max_reps=state.max_reps, budget_s=state.budget,
             warmup=state.warmup, timeout=state.timeout, keep=state.keep,
-            exclusive=state.exclusive,
+            exclusive=state.exclusive, sandbox=state.sandboxed, hide=state.hidden,
         )
         for _attempt in range(1 + INFRA_RETRIES):
             result = run_candidate(self.task, self.world, self.candidate, state.platform, settings)
             if result["verdict"] != Verdict.INFRA_ERROR.value:
                 break
-        record = self._finish(state, result)
-        verdict = record["verdict"]
-        if self.candidate.kind == "mutant":
-            if verdict == "pass":
-                raise CommbenchFailure(record, "MUTANT SURVIVED: the checker accepted a known-wrong "
-                                               "solution (the oracle is too weak)")
-            if verdict == "infra_error":
-                raise CommbenchFailure(record, "infra_error: the mutant could not be judged")
-            return
-        if verdict != "pass":
-            raise CommbenchFailure(record, f"verdict {verdict}")
+        self._conclude(self._finish(state, result))
 
     def repr_failure(self, excinfo, style=None):
         if isinstance(excinfo.value, CommbenchFailure):
@@ -124,6 +160,54 @@ class TaskItem(pytest.Item):
     def reportinfo(self):
         who = self.candidate.id or self.config.stash[STATE].model.name
         return self.path, None, f"commbench {self.task.relpath} np{self.world} [{who}]"
+
+
+def record_crashed_item(state, nodeid: str, report) -> dict[str, Any] | None:
+    """The controller's end for an item whose xdist worker died while running it: a failure
+    of the model (`runtime_error`) once the item had started (its solution may have killed the
+    worker), `infra_error` if it had not. Written to the log, shown in the report."""
+    started, result = None, None
+    if state.log.path.exists():
+        for entry in entries(state.log.path):
+            if entry.get("nodeid") != nodeid:
+                continue
+            if entry.get("event") == "started":
+                started, result = entry, None
+            elif entry.get("event") == "result":
+                result = entry
+    why = str(getattr(report, "longrepr", "") or "")
+    if result is not None:  # it had ended before its worker died: that end stands
+        record = result
+    else:
+        if started is not None:
+            base = {k: v for k, v in started.items() if k not in ("event", "started")}
+            outcome = {"verdict": Verdict.RUNTIME_ERROR.value, "message": WORKER_DIED}
+        else:
+            base = _base_from_nodeid(state, nodeid)
+            outcome = {"verdict": Verdict.INFRA_ERROR.value,
+                       "message": "the pytest worker died before this item started"}
+        record = final_record(state, base, {**outcome, "detail": why, "sizes": [],
+                                            "speedup": None})
+        state.log.write(record)
+        state.config.hook.pytest_commbench_result(config=state.config, record=record)
+    report.user_properties = [*getattr(report, "user_properties", ()), *junit_properties(record)]
+    report.longrepr = f"{why}\n{describe(record, 'verdict ' + str(record['verdict']))}"
+    return record
+
+
+def _base_from_nodeid(state, nodeid: str) -> dict[str, Any]:
+    path, _, name = nodeid.partition("::")
+    world = re.search(r"\[np(\d+)(?:-(.*))?\]$", name)
+    candidate = (world.group(2) or "") if world else ""
+    kind = "mutant" if candidate.startswith("mutant-") else "solution"
+    try:
+        task = load_task(state.config.rootpath / path, state.suites)
+    except ManifestError:
+        return {"nodeid": nodeid, "run": state.run_id, "task": path, "title": "", "category": "",
+                "library": "", "difficulty": "", "setup": "", "model": state.model.name,
+                "platform": state.platform.name, "candidate": candidate, "kind": kind,
+                "world": int(world.group(1)) if world else 0}
+    return base_record(task, int(world.group(1)) if world else 0, candidate, kind, nodeid, state)
 
 
 def describe(record: dict[str, Any], headline: str) -> str:
@@ -140,7 +224,8 @@ def describe(record: dict[str, Any], headline: str) -> str:
     if record.get("output"):
         lines.append("--- output of the ranks (tail) ---")
         lines += str(record["output"]).splitlines()[-30:]
-    lines.append(f"seed {record['seed']} (rerun with --commbench-seed={record['seed']})")
+    if record.get("seed") is not None:
+        lines.append(f"seed {record['seed']} (rerun with --commbench-seed={record['seed']})")
     return "\n".join(lines)
 
 
@@ -174,7 +259,7 @@ def junit_properties(record: dict[str, Any]) -> list[tuple[str, Any]]:
         ]
         if s.get("value_sol") is not None:
             props.append((f"{key}.{s['metric']}_{s['unit']}", round(s["value_sol"], 4)))
-    summary = {k: record.get(k) for k in SUMMARY_KEYS}
+    summary = cap({k: record.get(k) for k in SUMMARY_KEYS})
     props.append(("commbench.record", json.dumps(summary, default=str)))
     return props
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 
 from . import hookspecs
-from .items import TaskManifest, is_manifest, record_from_report
+from .items import TaskManifest, is_manifest, record_crashed_item, record_from_report
 from .models.builtin import BUILTIN_NAMES, make_builtin
 from .platforms import make as make_platform
 from .report import render
-from .session import STATE, create
+from .session import FLAGS, STATE, create, flag_name, labelled
 
 MODEL_DESC = "where solutions come from: reference, template, mutants, dir:PATH or a registered model"
 PLATFORM_DESC = "platform to run on: auto (default), cpu, h200, b300, gh200, mi325x or a registered one"
@@ -18,6 +18,8 @@ TIMEOUT_DESC = "per-job deadline in seconds (default: the task manifest's timeou
 RUNS_DESC = "where result logs and scratch directories go (default .commbench/runs)"
 SCRATCH_DESC = ("where items' scratch directories (inputs, outputs) go instead of the runs "
                 "directory, e.g. a tmpfs such as /dev/shm for large sizes")
+RESUME_DESC = ("finish a killed run: RUN is its id under the runs directory or its directory; "
+               "items it finished are reported from its log, the rest run with its seed")
 ROUNDS_DESC = "interleaved reference/solution rounds per item, at least (default 2)"
 MAX_ROUNDS_DESC = ("at most this many rounds: rounds are added while the speedup is less "
                    "precise than --commbench-precision (default 6)")
@@ -29,41 +31,26 @@ WARMUP_DESC = "untimed warm-up calls per size per job (default 2)"
 BUDGET_DESC = ("seconds of timed work per size per job; repetitions go on past --commbench-reps "
                "until it is spent (default 0.25)")
 MAX_REPS_DESC = "at most this many timed repetitions per size per job (default 200)"
+KEEP_DESC = "keep the scratch directories of passing items too"
+SHARED_NODE_DESC = ("timed items lease only the GPUs they use instead of the whole node "
+                    "(faster with -n, but neighbours may disturb the numbers)")
+UNSANDBOXED_DESC = ("run jobs without their sandbox where namespaces are not available "
+                    "(recorded in every result's fingerprint; a solution can then reach the "
+                    "harness)")
 MARKERS = {
     "commbench": "a pytest-commbench task item",
     "category_p2p": "", "category_collective": "", "category_ep": "", "category_fusion": "",
     "category_utility": "", "difficulty_easy": "", "difficulty_medium": "", "difficulty_hard": "",
     "setup_bare_metal": "", "setup_library_based": "",
 }
-
-
-def _number(kind: type, minimum: float, inclusive: bool, what: str):
-    """An argparse type that raises UsageError with a sentence (as xdist's option parsers do)."""
-
-    def parse(text: str):
-        try:
-            value = kind(text)
-        except ValueError:
-            raise pytest.UsageError(f"expected {what}, got {text!r}") from None
-        if value < minimum or (value == minimum and not inclusive):
-            sign = ">=" if inclusive else ">"
-            raise pytest.UsageError(f"expected {what} {sign} {minimum:g}, got {text}")
-        return value
-
-    return parse
-
-
-_count = _number(int, 0, True, "a whole number")
-_seconds = _number(float, 0, False, "seconds")
-_nonnegative_seconds = _number(float, 0, True, "seconds")
-_fraction = _number(float, 0, True, "a fraction")
-
-
-def _seed(text: str) -> int:
-    try:
-        return int(text, 0)
-    except ValueError:
-        raise pytest.UsageError(f"--commbench-seed: expected an integer, got {text!r}") from None
+OPTIONS = [
+    ("model", MODEL_DESC), ("platform", PLATFORM_DESC), ("seed", SEED_DESC),
+    ("timeout", TIMEOUT_DESC), ("runs_dir", RUNS_DESC), ("scratch", SCRATCH_DESC),
+    ("resume", RESUME_DESC), ("rounds", ROUNDS_DESC), ("max_rounds", MAX_ROUNDS_DESC),
+    ("precision", PRECISION_DESC), ("reps", REPS_DESC), ("warmup", WARMUP_DESC),
+    ("budget", BUDGET_DESC), ("max_reps", MAX_REPS_DESC),
+    ("keep", KEEP_DESC), ("shared_node", SHARED_NODE_DESC), ("unsandboxed", UNSANDBOXED_DESC),
+]
 
 
 def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
@@ -72,29 +59,16 @@ def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("commbench", "GPU communication benchmark (pytest-commbench)")
-    options = [
-        ("--commbench-model", "model", str, MODEL_DESC),
-        ("--platform", "platform", str, PLATFORM_DESC),
-        ("--commbench-seed", "seed", _seed, SEED_DESC),
-        ("--commbench-timeout", "timeout", _seconds, TIMEOUT_DESC),
-        ("--commbench-runs-dir", "runs_dir", str, RUNS_DESC),
-        ("--commbench-scratch", "scratch", str, SCRATCH_DESC),
-        ("--commbench-rounds", "rounds", _count, ROUNDS_DESC),
-        ("--commbench-max-rounds", "max_rounds", _count, MAX_ROUNDS_DESC),
-        ("--commbench-precision", "precision", _fraction, PRECISION_DESC),
-        ("--commbench-reps", "reps", _count, REPS_DESC),
-        ("--commbench-warmup", "warmup", _count, WARMUP_DESC),
-        ("--commbench-budget", "budget", _nonnegative_seconds, BUDGET_DESC),
-        ("--commbench-max-reps", "max_reps", _count, MAX_REPS_DESC),
-    ]
-    for flag, name, kind, desc in options:
-        group.addoption(flag, dest=f"commbench_{name}", type=kind, default=None, help=desc)
+    for name, desc in OPTIONS:
+        text = desc.replace("%", "%%")  # argparse %-formats help texts
+        if name in FLAGS:
+            group.addoption(flag_name(name), dest=f"commbench_{name}", action="store_true",
+                            help=text)
+        else:
+            group.addoption(flag_name(name), dest=f"commbench_{name}", type=labelled(name),
+                            default=None, help=text,
+                            **({"metavar": "RUN"} if name == "resume" else {}))
         parser.addini(f"commbench_{name}", desc)
-    group.addoption("--commbench-keep", dest="commbench_keep", action="store_true",
-                    help="keep the scratch directories of passing items too")
-    group.addoption("--commbench-shared-node", dest="commbench_shared_node", action="store_true",
-                    help="timed items lease only the GPUs they use instead of the whole node "
-                         "(faster with -n, but neighbours may disturb the numbers)")
     parser.addini("commbench_references", "hidden references root (default: references)")
     parser.addini("commbench_suites", "suites root, to name tasks by relative path (default: suites)")
 
@@ -127,7 +101,8 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 class XdistHooks:
-    """Hand the controller's secret seed and run id to every worker."""
+    """Hand the controller's secret seed and run to every worker; give a crashed worker's item
+    its end in the results log."""
 
     def __init__(self, state) -> None:
         self.state = state
@@ -135,6 +110,14 @@ class XdistHooks:
     def pytest_configure_node(self, node) -> None:
         node.workerinput["commbench_seed"] = self.state.seed
         node.workerinput["commbench_run_id"] = self.state.run_id
+        node.workerinput["commbench_run_dir"] = str(self.state.run_dir)
+        node.workerinput["commbench_resume_upto"] = self.state.resume_upto
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_handlecrashitem(self, crashitem, report, sched) -> None:
+        """On the controller: the worker running `crashitem` died (perhaps killed by the
+        solution). Its item is a failure of the model, written to the log here."""
+        record_crashed_item(self.state, crashitem, report)
 
 
 def pytest_collect_file(file_path, parent):
@@ -143,14 +126,36 @@ def pytest_collect_file(file_path, parent):
     return None
 
 
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtestloop(session: pytest.Session):
+    """Before the first item: write the run's file (its seed, for --commbench-resume). And a
+    broken task.toml is a collection error of that task only: the other tasks still run (the
+    errors still count in the exit status)."""
+    state = session.config.stash[STATE]
+    controller = not hasattr(session.config, "workerinput")
+    distributed = session.config.pluginmanager.getplugin("dsession") is not None
+    if controller and not session.config.option.collectonly and (distributed or session.items):
+        state.write_run_file()
+    forgiven = min(state.manifest_errors, session.testsfailed)
+    session.testsfailed -= forgiven
+    try:
+        return (yield)
+    finally:
+        session.testsfailed += forgiven
+
+
 def pytest_report_header(config: pytest.Config) -> list[str]:
     state = config.stash[STATE]
-    return [
+    lines = [
         f"commbench: model={state.model.name} platform={state.platform.name} "
         f"seed={state.seed} rounds={state.rounds}-{max(state.rounds, state.max_rounds)} "
         f"(precision {state.precision:g}) reps={state.reps}",
         f"commbench: results log {state.log.path}",
     ]
+    if state.resume_upto is not None:
+        lines.append(f"commbench: resuming run {state.run_id}: {len(state.resumed)} items "
+                     "already finished are reported from its log")
+    return lines
 
 
 class ResultsCollector:
@@ -159,16 +164,22 @@ class ResultsCollector:
 
     def __init__(self, state) -> None:
         self.state = state
-        self.records: list[dict] = []
+        self.by_node: dict[str, dict] = {}
+
+    @property
+    def records(self) -> list[dict]:
+        return list(self.by_node.values())
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
-        if report.when == "call" or (report.when == "setup" and report.skipped):
+        # the call's report; a skip's setup report; a crashed worker's report (when "???")
+        if report.when == "call" or (report.when == "setup" and report.skipped) \
+                or report.when not in ("setup", "call", "teardown"):
             record = record_from_report(report)
             if record is not None:
-                self.records.append(record)
+                self.by_node[report.nodeid] = record
 
     def pytest_terminal_summary(self, terminalreporter) -> None:
-        if not self.records:
+        if not self.by_node:
             return
         state = self.state
         render(self.records, terminalreporter.write_line, terminalreporter.write_sep,

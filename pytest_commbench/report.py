@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 from tabulate import tabulate
 
-from .scoring import NOT_APPLICABLE, band, breakdown, score
+from .scoring import MUTANT_UNJUDGED, band, breakdown, score
 
 WriteLine = Callable[[str], None]
 WriteSep = Callable[[str, str], None]
@@ -77,7 +77,7 @@ def render(records: list[dict], write_line: WriteLine, write_sep: WriteSep,
     if mutants:
         if solutions:
             write_line("")
-        judged = [r for r in mutants if r["verdict"] not in NOT_APPLICABLE]
+        judged = [r for r in mutants if r["verdict"] not in MUTANT_UNJUDGED]
         rejected = sum(1 for r in judged if r["verdict"] != "pass")
         survived = [r for r in judged if r["verdict"] == "pass"]
         unjudged = len(mutants) - len(judged)

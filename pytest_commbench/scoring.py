@@ -16,9 +16,13 @@ from dataclasses import dataclass
 
 GOOD = 0.95
 BANDS = ((1.20, "Better"), (0.95, "Comparable"), (0.60, "Degraded"), (0.0, "Severely degraded"))
-# not the model's doing: the platform cannot run the task, the harness failed, or the run was
-# stopped while the item ran (a "started" line with no result)
-NOT_APPLICABLE = ("skipped", "infra_error", "aborted")
+# not the model's doing: the platform cannot run the task, or the harness failed. An item that
+# started and never ended ("aborted": the run was killed, its worker died, or the solution
+# killed it) is applicable and not passed: a solution must not turn a fail into "not
+# applicable" by taking its own process down
+NOT_APPLICABLE = ("skipped", "infra_error")
+# a mutant that was not judged (the checker's test, not a model's: nothing to charge)
+MUTANT_UNJUDGED = (*NOT_APPLICABLE, "aborted")
 
 
 def band(speedup: float | None) -> str:

@@ -1,27 +1,41 @@
-"""Run-wide state: resolved settings, the model, the platform, the secret seed, the log."""
+"""Run-wide state: resolved settings, the model, the platform, the secret seed, the log.
+
+Every option comes from the command line, else the environment (COMMBENCH_<NAME>), else the
+ini file (commbench_<name>), else its default; all three are parsed and checked by the same
+function, and a bad value is a usage error that says where it came from.
+
+A run lives in one directory: its results log (`results.jsonl`) and `run.json`, written when
+the first item is about to run, which holds the run's secret seed so that `--commbench-resume`
+can finish a killed run with the same inputs. Jobs never see the runs directory.
+"""
 
 from __future__ import annotations
 
 import hashlib
+import json
+import math
 import os
 import secrets
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from .platforms import detect
-from .results import ResultsLog
+from .results import ResultsLog, finished
 
 STATE = pytest.StashKey["CommbenchState"]()
+RUN_FILE = "run.json"
 
 DEFAULTS = {
     "model": "reference",
     "platform": "auto",
     "runs_dir": ".commbench/runs",
     "scratch": None,
+    "resume": None,
     "rounds": 2,
     "max_rounds": 6,
     "precision": 0.03,
@@ -29,26 +43,143 @@ DEFAULTS = {
     "warmup": 2,
     "budget": 0.25,
     "max_reps": 200,
+    "keep": False,
+    "shared_node": False,
+    "unsandboxed": False,
     "references": "references",
     "suites": "suites",
 }
 
 
-def setting(config: pytest.Config, name: str, convert=str) -> Any:
-    """Command line > environment (COMMBENCH_<NAME>) > ini (commbench_<name>) > default."""
-    value = config.getoption(f"commbench_{name}", None)
-    if value is not None:
+# -- parsing option values (the command line, the environment and ini files alike) ----------
+
+def _number(kind: type, minimum: float, inclusive: bool, what: str) -> Callable[[str], Any]:
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except (TypeError, ValueError):
+            raise pytest.UsageError(f"expected {what}, got {text!r}") from None
+        if kind is float and not math.isfinite(value):
+            raise pytest.UsageError(f"expected {what}, got {text!r}")
+        if value < minimum or (value == minimum and not inclusive):
+            sign = ">=" if inclusive else ">"
+            raise pytest.UsageError(f"expected {what} {sign} {minimum:g}, got {text}")
         return value
-    env = os.environ.get(f"COMMBENCH_{name.upper()}")
+
+    return parse
+
+
+def _integer(text: str) -> int:
     try:
-        if env not in (None, ""):
-            return convert(env)
-        ini = config.getini(f"commbench_{name}")
-        if ini not in (None, "", []):
-            return convert(ini)
-    except (ValueError, pytest.UsageError) as exc:
-        raise pytest.UsageError(f"commbench: bad value for {name}: {exc}") from None
-    return DEFAULTS.get(name)
+        return int(str(text).strip(), 0)
+    except ValueError:
+        raise pytest.UsageError(f"expected an integer, got {text!r}") from None
+
+
+def _text(text: str) -> str:
+    if not str(text).strip():
+        raise pytest.UsageError("expected a value, got nothing")
+    return str(text)
+
+
+def _flag(text: str) -> bool:
+    word = str(text).strip().lower()
+    if word in ("1", "true", "yes", "on"):
+        return True
+    if word in ("0", "false", "no", "off"):
+        return False
+    raise pytest.UsageError(f"expected true or false (1/0, yes/no, on/off), got {text!r}")
+
+
+count = _number(int, 0, True, "a whole number")
+positive_count = _number(int, 1, True, "a whole number")
+seconds = _number(float, 0, False, "seconds")
+nonnegative_seconds = _number(float, 0, True, "seconds")
+fraction = _number(float, 0, True, "a fraction")
+
+#: how each option's text becomes its value (and what is wrong with it)
+PARSERS: dict[str, Callable[[str], Any]] = {
+    "model": _text, "platform": _text, "runs_dir": _text, "scratch": _text, "resume": _text,
+    "references": _text, "suites": _text,
+    "seed": _integer, "timeout": seconds, "rounds": positive_count,
+    "max_rounds": positive_count, "precision": fraction, "reps": count, "warmup": count,
+    "budget": nonnegative_seconds, "max_reps": count,
+    "keep": _flag, "shared_node": _flag, "unsandboxed": _flag,
+}
+#: options given on the command line as a flag, with no value
+FLAGS = ("keep", "shared_node", "unsandboxed")
+
+
+def flag_name(name: str) -> str:
+    return "--platform" if name == "platform" else f"--commbench-{name.replace('_', '-')}"
+
+
+def labelled(name: str) -> Callable[[str], Any]:
+    """The command-line parser of an option: its errors name the option."""
+    parse = PARSERS[name]
+
+    def parse_argument(text: str):
+        try:
+            return parse(text)
+        except pytest.UsageError as exc:
+            raise pytest.UsageError(f"{flag_name(name)}: {exc}") from None
+
+    return parse_argument
+
+
+def lookup(config: pytest.Config, name: str) -> tuple[Any, str]:
+    """(value, where it came from): command line > environment > ini > default."""
+    value = config.getoption(f"commbench_{name}", None)
+    if value is not None and value is not False:
+        return value, flag_name(name)
+    parse = PARSERS[name]
+    var = f"COMMBENCH_{name.upper()}"
+    env = os.environ.get(var)
+    if env not in (None, ""):
+        where = f"{var}={env!r} (environment)"
+        try:
+            return parse(env), where
+        except pytest.UsageError as exc:
+            raise pytest.UsageError(f"{where}: {exc}") from None
+    ini = config.getini(f"commbench_{name}")
+    if ini not in (None, "", []):
+        where = f"commbench_{name} = {ini!r} (ini file {config.inipath})"
+        try:
+            return parse(ini), where
+        except pytest.UsageError as exc:
+            raise pytest.UsageError(f"{where}: {exc}") from None
+    return DEFAULTS.get(name), f"{flag_name(name)} (default)"
+
+
+def setting(config: pytest.Config, name: str) -> Any:
+    return lookup(config, name)[0]
+
+
+# -- the run ----------------------------------------------------------------------------------
+
+class KnownNames:
+    """Platform (or vendor) names a manifest may list: the built-ins, the one in use, and any a
+    plugin's pytest_commbench_make_platform answers to."""
+
+    def __init__(self, builtin, in_use: str, ask: Callable[[str], bool] | None = None) -> None:
+        self.names = set(builtin) | {in_use}
+        self.ask = ask
+        self._asked: dict[str, bool] = {}
+
+    def __contains__(self, name: object) -> bool:
+        if name in self.names:
+            return True
+        if self.ask is None or not isinstance(name, str):
+            return False
+        if name not in self._asked:
+            try:
+                self._asked[name] = bool(self.ask(name))
+            except Exception:  # noqa: BLE001 - a plugin that cannot make it does not know it
+                self._asked[name] = False
+        return self._asked[name]
+
+    def __iter__(self):
+        return iter(sorted(self.names))
 
 
 @dataclass
@@ -59,6 +190,7 @@ class CommbenchState:
     seed: int
     run_id: str
     run_dir: Path
+    runs_dir: Path
     work_dir: Path  # items' scratch directories (inputs, outputs, jobs)
     references: Path
     suites: Path
@@ -72,8 +204,14 @@ class CommbenchState:
     timeout: float | None
     keep: bool
     exclusive: bool
+    sandboxed: bool
     log: ResultsLog
+    resume_upto: int | None = None  # resuming: the bytes of the log the killed run left
+    manifest_errors: int = 0
+    known_platforms: Any = None
+    known_vendors: Any = None
     _fingerprint: dict | None = None
+    _resumed: dict | None = field(default=None, repr=False)
 
     def item_seed(self, nodeid: str) -> int:
         """Per-item seed: the same item gets the same inputs on any worker, in any order."""
@@ -83,66 +221,178 @@ class CommbenchState:
     @property
     def fingerprint(self) -> dict:
         if self._fingerprint is None:
-            self._fingerprint = self.platform.fingerprint()
+            self._fingerprint = {
+                **self.platform.fingerprint(),
+                "sandbox": "namespaces" if self.sandboxed else "none (--commbench-unsandboxed)",
+            }
         return self._fingerprint
 
+    @property
+    def resumed(self) -> dict[str, dict]:
+        """Result records the run being resumed already has, by node id (this model's only)."""
+        if self._resumed is None:
+            self._resumed = {}
+            if self.resume_upto and self.log.path.exists():
+                self._resumed = {
+                    nodeid: record
+                    for nodeid, record in finished(self.log.path, self.resume_upto).items()
+                    if record.get("model") == self.model.name
+                }
+        return self._resumed
 
-def _make(config: pytest.Config, kind: str, name: str):
+    @property
+    def hidden(self) -> tuple[Path, ...]:
+        """Trees no job may see, beside those the runner hides (the runs, this run, the project)."""
+        return (self.runs_dir, self.run_dir, self.config.rootpath)
+
+    def run_file(self) -> Path:
+        return self.run_dir / RUN_FILE
+
+    def write_run_file(self) -> None:
+        """Record the run (its seed above all) before its first item: a killed session can then
+        be resumed with the same inputs. Rewritten atomically, the resumes appended."""
+        path = self.run_file()
+        now = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+        info = _read_run_file(path) or {}
+        if info:
+            info.setdefault("resumed", []).append(now)
+        else:
+            info = {"run": self.run_id, "seed": self.seed, "model": self.model.name,
+                    "platform": self.platform.name, "started": now,
+                    "args": list(self.config.invocation_params.args)}
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{RUN_FILE}.{os.getpid()}")
+        tmp.write_text(json.dumps(info, indent=1, default=str) + "\n")
+        tmp.replace(path)
+
+
+def _read_run_file(path: Path) -> dict | None:
+    try:
+        info = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return info if isinstance(info, dict) else None
+
+
+def _make(config: pytest.Config, kind: str, name: str, where: str):
     hook = getattr(config.hook, f"pytest_commbench_make_{kind}")
-    obj = hook(config=config, name=name)
+    try:
+        obj = hook(config=config, name=name)
+    except ValueError as exc:  # a name the maker knows, with a value it cannot use
+        raise pytest.UsageError(f"{where}: {exc}") from None
     if obj is None:
         if kind == "model":
             names = [n for group in config.hook.pytest_commbench_model_names(config=config)
                      for n in group]
             raise pytest.UsageError(
-                f"--commbench-model: unknown model {name!r} (known: {', '.join(names)})")
+                f"{where}: unknown model {name!r} (known: {', '.join(names)})")
         from .platforms import NAMES
 
         raise pytest.UsageError(
-            f"--platform: unknown platform {name!r} (known: auto, {', '.join(NAMES)})")
+            f"{where}: unknown platform {name!r} (known: auto, {', '.join(NAMES)})")
     return obj
+
+
+def _resume_dir(config: pytest.Config, runs_dir: Path, value: str, where: str) -> Path:
+    path = Path(value).expanduser()
+    for candidate in ([path] if path.is_absolute() else
+                      [config.invocation_params.dir / path, runs_dir / path]):
+        if candidate.is_dir():
+            return candidate.resolve()
+    raise pytest.UsageError(f"{where}: no run {value!r} to resume (neither a run directory "
+                            f"nor a run id under {runs_dir})")
+
+
+def _resumed_seed(run_dir: Path, given: int | None, where: str) -> tuple[int, dict]:
+    """The seed of the run being resumed (from run.json, else from its result lines)."""
+    info = _read_run_file(run_dir / RUN_FILE) or {}
+    seed = info.get("seed")
+    log = run_dir / "results.jsonl"
+    if seed is None and log.exists():
+        seeds = {r.get("seed") for r in finished(log).values() if r.get("seed") is not None}
+        seed = seeds.pop() if len(seeds) == 1 else None
+    if seed is None:
+        if given is None:
+            raise pytest.UsageError(f"{where}: the seed of run {run_dir.name} is unknown (no "
+                                    f"{RUN_FILE}); give it with --commbench-seed")
+        return given, info
+    if given is not None and int(given) != int(seed):
+        raise pytest.UsageError(f"{where}: run {run_dir.name} has seed {seed}, not {given}: a "
+                                "resumed run keeps its seed (leave --commbench-seed out)")
+    return int(seed), info
 
 
 def create(config: pytest.Config) -> CommbenchState:
     root = config.rootpath
     workerinput = getattr(config, "workerinput", None)
-    seed = setting(config, "seed", int)
+    given_seed = setting(config, "seed")
+    runs_dir = Path(setting(config, "runs_dir")).expanduser()
+    if not runs_dir.is_absolute():
+        runs_dir = root / runs_dir
+    model_name, model_where = lookup(config, "model")
+    platform_name, platform_where = lookup(config, "platform")
+    if platform_name == "auto":
+        platform_name = detect()
+    model = _make(config, "model", model_name, model_where)
+    platform = _make(config, "platform", platform_name, platform_where)
+    resume_upto = None
     if workerinput and "commbench_seed" in workerinput:
         seed = workerinput["commbench_seed"]
         run_id = workerinput["commbench_run_id"]
+        run_dir = Path(workerinput["commbench_run_dir"])
+        resume_upto = workerinput.get("commbench_resume_upto")
     else:
-        seed = seed if seed is not None else secrets.randbits(48)
-        run_id = time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(3)
-    runs_dir = Path(setting(config, "runs_dir"))
-    if not runs_dir.is_absolute():
-        runs_dir = root / runs_dir
-    run_dir = runs_dir / run_id
+        resume, resume_where = lookup(config, "resume")
+        if resume:
+            run_dir = _resume_dir(config, runs_dir, resume, resume_where)
+            run_id = run_dir.name
+            seed, info = _resumed_seed(run_dir, given_seed, resume_where)
+            for key, now in (("model", model.name), ("platform", platform.name)):
+                if info.get(key) not in (None, now):
+                    raise pytest.UsageError(
+                        f"{resume_where}: run {run_id} is of {key} {info[key]!r}, not {now!r}")
+            log = ResultsLog(run_dir / "results.jsonl")
+            log.end_cleanly()
+            resume_upto = log.path.stat().st_size if log.path.exists() else 0
+        else:
+            seed = given_seed if given_seed is not None else secrets.randbits(48)
+            run_id = time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(3)
+            run_dir = runs_dir / run_id
     scratch = setting(config, "scratch")
-    work_dir = (Path(scratch) / run_id if scratch else run_dir) / "work"
-    model_name = setting(config, "model")
-    platform_name = setting(config, "platform")
-    if platform_name == "auto":
-        platform_name = detect()
-    timeout = setting(config, "timeout", float)
-    return CommbenchState(
+    work_dir = (Path(scratch).expanduser() / run_id if scratch else run_dir) / "work"
+    timeout = setting(config, "timeout")
+    reps = int(setting(config, "reps"))
+    from .platforms import NAMES, PROFILES
+    from .tasks import VENDORS
+
+    state = CommbenchState(
         config=config,
-        model=_make(config, "model", model_name),
-        platform=_make(config, "platform", platform_name),
+        model=model,
+        platform=platform,
         seed=int(seed),
         run_id=run_id,
         run_dir=run_dir,
+        runs_dir=runs_dir,
         work_dir=work_dir,
         references=root / setting(config, "references"),
         suites=root / setting(config, "suites"),
-        rounds=int(setting(config, "rounds", int)),
-        max_rounds=int(setting(config, "max_rounds", int)),
-        precision=float(setting(config, "precision", float)),
-        reps=int(setting(config, "reps", int)),
-        warmup=int(setting(config, "warmup", int)),
-        budget=float(setting(config, "budget", float)),
-        max_reps=max(int(setting(config, "max_reps", int)), int(setting(config, "reps", int))),
+        rounds=int(setting(config, "rounds")),
+        max_rounds=int(setting(config, "max_rounds")),
+        precision=float(setting(config, "precision")),
+        reps=reps,
+        warmup=int(setting(config, "warmup")),
+        budget=float(setting(config, "budget")),
+        max_reps=max(int(setting(config, "max_reps")), reps),
         timeout=None if timeout is None else float(timeout),
-        keep=bool(config.getoption("commbench_keep", False)),
-        exclusive=not config.getoption("commbench_shared_node", False),
+        keep=bool(setting(config, "keep")),
+        exclusive=not setting(config, "shared_node"),
+        sandboxed=not setting(config, "unsandboxed"),
         log=ResultsLog(run_dir / "results.jsonl"),
+        resume_upto=resume_upto,
     )
+    state.known_platforms = KnownNames(
+        NAMES, platform.name,
+        lambda name: config.hook.pytest_commbench_make_platform(config=config, name=name) is not None)
+    state.known_vendors = KnownNames(
+        {*VENDORS, *(p.vendor for p in PROFILES.values())}, getattr(platform, "vendor", "any"))
+    return state

@@ -6,7 +6,9 @@ clear line instead of a traceback.
 
 from __future__ import annotations
 
+import math
 import sys
+from collections.abc import Container
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,6 +33,8 @@ BETTER = ("higher", "lower")
 BYTES_RULES = ("busbw", "algbw", "none")
 # what the harness sets up for a solution before the first call (see rank/gpu.py)
 FIXTURES = ("nccl", "ipc", "nvshmem")
+# GPU vendors a manifest's `vendors` may name (with those of the platform profiles)
+VENDORS = ("amd", "intel", "nvidia")
 DTYPES = ("float64", "float32", "float16", "bfloat16", "int64", "int32", "int8", "uint8")
 
 
@@ -147,14 +151,26 @@ class _Reader:
             raise self.fail(key, f"{value!r} is not one of {', '.join(choices)}")
         return value
 
-    def strings(self, key: str, default: Any = ..., choices: tuple[str, ...] | None = None):
+    def strings(self, key: str, default: Any = ..., choices: Container[str] | None = None,
+                what: str = ""):
         value = self.get(key, list, default)
         for v in value:
             if not isinstance(v, str) or not v:
                 raise self.fail(key, "expected a list of non-empty strings")
             if choices is not None and v not in choices:
+                if what:
+                    raise self.fail(key, f"{v!r} is not a known {what} (known: "
+                                         f"{', '.join(sorted(choices))})")
                 raise self.fail(key, f"{v!r} is not one of {', '.join(choices)}")
         return tuple(value)
+
+    def number(self, key: str, default: Any = ..., minimum: float = 0.0,
+               inclusive: bool = True) -> float:
+        value = float(self.get(key, (int, float), default))
+        if not math.isfinite(value) or value < minimum or (value == minimum and not inclusive):
+            raise self.fail(key, f"must be a finite number {'>=' if inclusive else '>'} "
+                                 f"{minimum:g}, got {value}")
+        return value
 
     def ints(self, key: str, minimum: int, default: Any = ...) -> tuple[int, ...]:
         value = self.get(key, list, default)
@@ -179,13 +195,23 @@ def _workspace(top: _Reader) -> int:
     return value
 
 
-def load_task(manifest: Path, suites_root: Path) -> Task:
-    """Read and validate one task.toml."""
+def load_task(manifest: Path, suites_root: Path, platforms: Container[str] | None = None,
+              vendors: Container[str] | None = None) -> Task:
+    """Read and validate one task.toml. `platforms` and `vendors` are the names its lists may
+    hold (default: the built-in platforms and the known vendors)."""
     manifest = Path(manifest)
+    if platforms is None or vendors is None:
+        from .platforms import NAMES, PROFILES  # late: platforms import this module
+
+        platforms = NAMES if platforms is None else platforms
+        vendors = (tuple(sorted({*VENDORS, *(p.vendor for p in PROFILES.values())}))
+                   if vendors is None else vendors)
     try:
         data = tomllib.loads(manifest.read_text(encoding="utf-8"))
     except tomllib.TOMLDecodeError as exc:
         raise ManifestError(manifest, "<toml>", f"not valid TOML: {exc}") from None
+    except UnicodeDecodeError as exc:
+        raise ManifestError(manifest, "<file>", f"not UTF-8 text: {exc}") from None
     except OSError as exc:
         raise ManifestError(manifest, "<file>", f"cannot read: {exc}") from None
     top = _Reader(manifest, data)
@@ -208,10 +234,8 @@ def load_task(manifest: Path, suites_root: Path) -> Task:
     op = chk.get("op", str)
     if op not in known_ops():
         raise chk.fail("op", f"unknown operation {op!r} (known: {', '.join(sorted(known_ops()))})")
-    rtol = float(chk.get("rtol", (int, float), 0.0))
-    atol = float(chk.get("atol", (int, float), 0.0))
-    if rtol < 0 or atol < 0:
-        raise chk.fail("rtol" if rtol < 0 else "atol", "tolerances must be >= 0")
+    rtol = chk.number("rtol", 0.0)
+    atol = chk.number("atol", 0.0)
     trials = chk.get("trials", int, 2)
     if trials < 1:
         raise chk.fail("trials", "must be >= 1")
@@ -233,9 +257,7 @@ def load_task(manifest: Path, suites_root: Path) -> Task:
         bytes=met.choice("bytes", BYTES_RULES, "none"),
     )
 
-    timeout = top.get("timeout", (int, float), 60)
-    if timeout <= 0:
-        raise top.fail("timeout", "must be > 0 seconds")
+    timeout = top.number("timeout", 60, minimum=0, inclusive=False)
     entry = top.get("entry", str)
     if not entry.isidentifier():
         raise top.fail("entry", f"{entry!r} is not a function name")
@@ -253,8 +275,8 @@ def load_task(manifest: Path, suites_root: Path) -> Task:
         setup=top.choice("setup", SETUPS),
         language=language,
         entry=entry,
-        platforms=top.strings("platforms"),
-        vendors=top.strings("vendors", ()),
+        platforms=top.strings("platforms", ..., platforms, "platform"),
+        vendors=top.strings("vendors", (), vendors, "vendor"),
         ranks=top.ints("ranks", 1),
         requires=top.strings("requires", ()),
         timeout=float(timeout),

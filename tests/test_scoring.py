@@ -71,3 +71,13 @@ def test_bus_bandwidth_the_nccl_tests_way():
     assert timing.metric_value(1.0, 10**9, 1.5, "busbw", "GB/s") == pytest.approx(1.5)
     assert timing.metric_value(1.0, 10**9, 1.5, "algbw", "GB/s") == pytest.approx(1.0)
     assert timing.metric_value(2e-6, 0, 1.0, "none", "us") == pytest.approx(2.0)
+
+
+def test_an_item_that_started_and_never_ended_counts_as_a_failure():
+    """A killed run, a crashed worker or a solution that killed its own worker leaves an
+    "aborted" item: applicable and not passed (else a solution could turn a fail into
+    "not applicable" by taking its process down). Skips and infra errors stay out."""
+    s = scoring.score([rec("pass", 1.0), rec("aborted"), rec("skipped"), rec("infra_error")])
+    assert s.applicable == 2 and s.passes == 1 and s.not_applicable == 2
+    assert s.pass_rate == pytest.approx(0.5)
+    assert "aborted" not in scoring.NOT_APPLICABLE

@@ -11,7 +11,10 @@ from ..tasks import Task
 
 @dataclass
 class Reply:
-    """What a model gave for one task: a full file or just its regions (or nothing)."""
+    """What a model gave for one task: a full file or just its regions (or nothing).
+
+    `text` is the reply as the model gave it; bytes that were not UTF-8 are kept as surrogate
+    escapes (`errors="surrogateescape"`), which the merge turns into `no_solution`."""
 
     text: str | None
     tokens_in: int = 0

@@ -5,15 +5,28 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..mutants import MutantError, mutants
+from ..regions import MAX_REPLY_CHARS
 from ..tasks import Task
 from .base import Candidate, Model, Reply
 
+# enough bytes to hold MAX_REPLY_CHARS characters of any UTF-8 text, and one more: a longer
+# file is read no further (it is no solution however it goes on)
+READ_LIMIT = 4 * (MAX_REPLY_CHARS + 1)
+
 
 def _read(path: Path) -> Reply:
+    """A reply from a file. Bytes that are not UTF-8 are no usable solution: they come back as
+    surrogate escapes, which `regions.merge_reply` rejects as no_solution saying so (the
+    reply is the model's, so is its encoding)."""
     try:
-        return Reply(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
+        with open(path, "rb") as f:
+            data = f.read(READ_LIMIT)
+    except (FileNotFoundError, IsADirectoryError):
         return Reply(None)
+    try:
+        return Reply(data.decode("utf-8"))
+    except UnicodeDecodeError:
+        return Reply(data.decode("utf-8", errors="surrogateescape"))
 
 
 def _mutant(load) -> Reply:
@@ -75,6 +88,8 @@ class DirModel(Model):
 
 
 def make_builtin(name: str, rootdir: Path) -> Model | None:
+    """The built-in model called `name`, None if there is none; ValueError for a `dir:` that
+    does not exist."""
     if name == "reference":
         return ReferenceModel()
     if name == "template":
@@ -82,9 +97,14 @@ def make_builtin(name: str, rootdir: Path) -> Model | None:
     if name == "mutants":
         return MutantsModel()
     if name.startswith("dir:"):
+        if not name[4:].strip():
+            raise ValueError("dir: needs a directory, as dir:PATH")
         root = Path(name[4:]).expanduser()
         if not root.is_absolute():
             root = rootdir / root
+        if not root.is_dir():
+            raise ValueError(f"no directory {str(root)!r} for {name!r}"
+                             + (" (it is a file)" if root.exists() else ""))
         return DirModel(root)
     return None
 
