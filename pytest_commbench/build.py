@@ -100,7 +100,7 @@ def build_python(task: Task, source: str, cache_dir: Path) -> Artifact:
     try:
         tree = ast.parse(source, f"{task.relpath}/solution.py")
         compile(tree, f"{task.relpath}/solution.py", "exec", dont_inherit=True)
-    except (SyntaxError, ValueError) as exc:
+    except (SyntaxError, ValueError, RecursionError, MemoryError) as exc:
         line = getattr(exc, "lineno", None)
         raise Rejected(Verdict.COMPILE_ERROR,
                        f"the solution does not compile: {exc.__class__.__name__}: {exc}",

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 import xml.etree.ElementTree as ET
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -104,6 +104,7 @@ def test_a_reply_with_only_the_region_is_merged_and_passes(bench):
 
 def test_missing_solution_is_no_solution(bench, tmp_path):
     bench.add_task()
+    (tmp_path / "empty").mkdir()
     result = bench.run(f"--commbench-model=dir:{tmp_path / 'empty'}")
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["*verdict: no_solution*"])
@@ -145,9 +146,9 @@ def test_the_warm_up_job_is_timed_like_the_others_and_its_times_are_not_counted(
     bench.add_task(ranks=2)
     bench.run("--commbench-keep").assert_outcomes(passed=1)
     (record,) = bench.records()
-    (warmup,) = (bench.root / "runs").glob("*/work/*/warmup/job.json")
-    assert json.loads(warmup.read_text())["reps"] == 3  # the ini's reps: a full timed job
-    jobs = sorted(p.name for p in warmup.parent.parent.iterdir() if (p / "job.json").exists())
+    (warmup,) = (bench.root / "runs").glob("*/work/*/warmup/ro/job.json")
+    item = warmup.parent.parent.parent
+    jobs = sorted(p.name for p in item.iterdir() if (p / "ro" / "job.json").exists())
     assert jobs == ["ref0", "sol0", "warmup"]
     assert all(len(s["jobs_ref_us"]) == 1 for s in record["sizes"])  # ref0's only
 
@@ -206,7 +207,7 @@ def test_a_hanging_rank_is_killed_and_the_next_item_runs(bench, processes_with):
     (timed_out,) = [r for r in bench.records() if r["verdict"] == "timeout"]
     assert timed_out["duration_s"] < 5 + 10
     assert elapsed < 5 + 10 + 60
-    assert [p for p in processes_with(b"pytest_commbench.rank")
+    assert [p for p in processes_with(b"commbench_rank")
             if str(bench.root).encode() in open(f"/proc/{p}/cmdline", "rb").read()] == []
 
 
@@ -267,16 +268,31 @@ def test_xdist_gives_the_same_verdicts_as_a_serial_run(bench):
 
 
 def test_the_seed_reproduces_the_inputs(bench):
+    """The inputs exist only in the observer's memory: a solution that keeps the first input
+    it was given (in its scratch, kept with --commbench-keep) shows them."""
     bench.add_task()
-    bench.run("--commbench-seed=1234", "--commbench-keep").assert_outcomes(passed=1)
-    bench.run("--commbench-seed=1234", "--commbench-keep").assert_outcomes(passed=1)
-    runs = sorted((bench.root / "runs").iterdir())
-    inputs = [sorted((r / "work").rglob("io/c2/t0/r1/sendbuf.npy"))[0].read_bytes() for r in runs]
+    ref = bench.root / "references" / "collective" / "ring_allreduce" / "solution.py"
+    text = ref.read_text()
+    marker = "    # >>> COMMBENCH EDIT allreduce\n"
+    keep = ('    import os\n    _first = os.path.join(str(ctx.scratch), "first.npy")\n'
+            '    if not os.path.exists(_first):\n        np.save(_first, sendbuf)\n')
+    dump = bench.root / "dump" / "collective" / "ring_allreduce"
+    dump.mkdir(parents=True)
+    (dump / "solution.py").write_text(text.replace(marker, marker + keep))
+    model = f"--commbench-model=dir:{bench.root / 'dump'}"
+
+    def first_input(run: Path) -> bytes:
+        return sorted((run / "work").glob("*/sol0/scratch/r1/first.npy"))[0].read_bytes()
+
+    bench.run("--commbench-seed=1234", "--commbench-keep", model).assert_outcomes(passed=1)
+    bench.run("--commbench-seed=1234", "--commbench-keep", model).assert_outcomes(passed=1)
+    runs = sorted(p for p in (bench.root / "runs").iterdir() if p.is_dir())
+    inputs = [first_input(r) for r in runs]
     assert inputs[0] == inputs[1]
-    other = bench.run("--commbench-seed=1235", "--commbench-keep")
+    other = bench.run("--commbench-seed=1235", "--commbench-keep", model)
     other.assert_outcomes(passed=1)
-    new = [r for r in sorted((bench.root / "runs").iterdir()) if r not in runs][0]
-    assert sorted((new / "work").rglob("io/c2/t0/r1/sendbuf.npy"))[0].read_bytes() != inputs[0]
+    new = [r for r in sorted((bench.root / "runs").iterdir()) if r.is_dir() and r not in runs][0]
+    assert first_input(new) != inputs[0]
 
 
 def test_results_log_has_started_and_result_lines_and_the_report_command_reads_it(bench):
@@ -339,7 +355,7 @@ def test_scratch_goes_where_asked_and_the_results_log_stays_in_the_runs_dir(benc
     (run,) = [p for p in (bench.root / "runs").iterdir() if p.is_dir()]
     assert (run / "results.jsonl").is_file()
     assert not (run / "work").exists()
-    kept = list((scratch / run.name / "work").glob("*/sol0/job.json"))
+    kept = list((scratch / run.name / "work").glob("*/sol0/ro/job.json"))
     assert len(kept) == 1
 
 
