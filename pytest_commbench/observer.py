@@ -154,7 +154,8 @@ class Observer:
         if self.job.overdue():
             self.job.timed_out = True
             if self.loaded:
-                raise JobEnded(Verdict.TIMEOUT, "the job did not finish within its deadline "
+                limit = self.job.end - self.job.start
+                raise JobEnded(Verdict.TIMEOUT, f"the job did not finish within {limit:g} s "
                                                 "and was killed")
             raise JobEnded(Verdict.INFRA_ERROR, "the job's ranks did not start within the "
                                                 "deadline (the solution was not loaded yet)")

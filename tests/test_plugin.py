@@ -75,7 +75,7 @@ def test_a_mutant_that_gets_through_fails_loudly(bench):
         ("raises", "runtime_error", "chunk bounds went negative"),
         ("crash", "runtime_error", "rank 1 died"),
         ("exit_early", "runtime_error", "died"),
-        ("cache", "wrong_answer", "timed repetition"),
+        ("cache", "wrong_answer", "trial 1"),
         ("reply_no_code", "no_solution", "no code between COMMBENCH EDIT markers"),
     ],
 )
