@@ -71,8 +71,9 @@ def test_hidden_trees_are_empty_and_the_filesystem_is_read_only(tmp_path):
         """, hide=[refs, tmp_path / "runs", package])
     out = result.output
     assert result.returncode == 0, out
-    assert "SEEN [[], [], []]" in out or "SEEN [None, None, []]" in out or "SEEN [[], None, []]" \
-        in out, out
+    seen = eval(out.split("SEEN ")[1].splitlines()[0])  # noqa: S307 - our own probe's output
+    # each hidden tree is empty, or gone (one under /tmp lies in the job's own /tmp)
+    assert all(entry in ([], None) for entry in seen), out
     # the package, /etc and the job's read-only part refuse; a path under /tmp lands in the
     # job's own /tmp: the host's file is untouched either way
     assert out.count("REFUSED") >= 3 and "WROTE /work" not in out and "WROTE /etc" not in out, out
