@@ -1,6 +1,6 @@
 """Every task's oracle at world sizes 2, 4 and 8 (and the manifest's own), on the CPU: the
 expected outputs pass, a single wrong element on the last rank is caught, and so is a timed
-repetition's shifted input mistaken for trial 0's. The GPU topology parser and the job's NVLink
+repetition's fresh inputs mistaken for trial 0's. The GPU topology parser and the job's NVLink
 matrix are checked on synthetic 8-GPU `nvidia-smi topo -m` output."""
 
 from __future__ import annotations
@@ -81,10 +81,11 @@ def test_the_oracle_works_at_every_world_size(path):
             # well beyond any tolerance: 1% and one unit off
             flat[0] = flat[0] + 3 if flat.dtype.kind in "iu" else flat[0] * 1.01 + 1
             assert op.verify(trial, bad, events, case, task.check.rtol, task.check.atol), where
-            if case.vary:
-                # a timed repetition's answer is the shifted inputs' one, not trial 0's
-                shifted = op.shifted(case, 0)
-                assert op.verify(shifted, good, events, case, task.check.rtol,
+            timed = op.timed_trial(rng, case)
+            if any(not np.array_equal(a, trial.inputs[r][k])
+                   for r, named in enumerate(timed.inputs) for k, a in named.items()):
+                # a timed repetition's inputs are fresh: trial 0's answer does not answer it
+                assert op.verify(timed, good, events, case, task.check.rtol,
                                  task.check.atol), where
 
 

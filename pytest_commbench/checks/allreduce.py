@@ -12,7 +12,6 @@ from .base import Op, Trial, full_random, sum_slack
 
 class AllReduce(Op):
     name = "allreduce"
-    vary = ("sendbuf",)
 
     def args(self, params):
         return ["sendbuf", "recvbuf"]

@@ -16,7 +16,6 @@ from .base import Op, Trial, full_random
 
 class AllToAll(Op):
     name = "alltoall"
-    vary = ("sendbuf",)
     exact = True
 
     def args(self, params):

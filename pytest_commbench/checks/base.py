@@ -38,8 +38,6 @@ class Case:
     params: dict[str, Any]
     args: list[str]
     trials: list[Trial]
-    vary: tuple[str, ...] = ()
-    shifts: list[list[int]] = field(default_factory=list)  # [rep][rank] added to `vary` inputs
 
 
 CHUNK = 1 << 20  # elements compared at a time: cache-sized pieces, no array-sized temporaries
@@ -97,9 +95,6 @@ class Op:
     tolerant comparison of every output of every rank."""
 
     name = ""
-    #: inputs shifted by a different integer in every timed repetition, so a solution that
-    #: caches its first answer is caught by the check of the timed results
-    vary: tuple[str, ...] = ()
     #: pure data movement: compare bit for bit, whatever the manifest's tolerances say
     exact = False
 
@@ -153,9 +148,7 @@ class Op:
                 t.extra = [{} for _ in range(world)]
             if not t.delays:
                 t.delays = [0.0] * world
-        shifts = rng.integers(1, 64, size=(reps, world)).tolist() if self.vary else []
-        return Case(case_id, count, dtype, world, dict(params), self.args(params), made,
-                    tuple(self.vary), shifts)
+        return Case(case_id, count, dtype, world, dict(params), self.args(params), made)
 
     def timed_trial(self, rng: np.random.Generator, case: Case) -> Trial:
         """The inputs of one timed repetition: drawn afresh like a trial's (never a shift or
@@ -177,18 +170,6 @@ class Op:
         the moment a rank says it is done)."""
         return type(self).verify is Op.verify
 
-    def shifted(self, case: Case, rep: int) -> Trial:
-        """The inputs of timed repetition `rep` (trial 0's inputs plus that repetition's shift)."""
-        base = case.trials[0]
-        if not case.vary:
-            return base
-        inputs = []
-        for rank, named in enumerate(base.inputs):
-            new = dict(named)
-            for name in case.vary:
-                new[name] = named[name] + np.asarray(case.shifts[rep][rank], dtype=named[name].dtype)
-            inputs.append(new)
-        return Trial(inputs, base.outputs, base.extra, base.delays)
 
 
 def full_random(rng: np.random.Generator, shape, dtype: str) -> np.ndarray:

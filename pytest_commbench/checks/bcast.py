@@ -18,7 +18,6 @@ from .base import Case, Op, Trial, full_random
 
 class Bcast(Op):
     name = "bcast"
-    vary = ("sendbuf",)
     exact = True
 
     def args(self, params):
@@ -38,9 +37,7 @@ class Bcast(Op):
         while len(roots) < trials:
             roots.append(int(rng.integers(world)))
         made = [self._trial(rng, count, dtype, world, root) for root in roots]
-        shifts = rng.integers(1, 64, size=(reps, world)).tolist()
-        return Case(case_id, count, dtype, world, dict(params), self.args(params), made,
-                    tuple(self.vary), shifts)
+        return Case(case_id, count, dtype, world, dict(params), self.args(params), made)
 
     def expected(self, trial, count, dtype, world, params):
         root = trial.extra[0]["root"]

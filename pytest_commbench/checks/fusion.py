@@ -45,7 +45,6 @@ def wide_data(rng: np.random.Generator, shape, dtype: str) -> np.ndarray:
 
 class AllgatherMatmul(Op):
     name = "allgather_matmul"
-    vary = ("a_shard",)
 
     def args(self, params):
         return ["a_shard", "b", "c"]

@@ -88,7 +88,6 @@ class _Routed(Op):
 
 class MoEDispatch(_Routed):
     name = "moe_dispatch"
-    vary = ("x",)
     exact = True
 
     def args(self, params):
@@ -149,7 +148,6 @@ class MoEDispatch(_Routed):
 
 class MoECombine(_Routed):
     name = "moe_combine"
-    vary = ("y",)
 
     def args(self, params):
         return ["y", "recv_src", "topk_idx", "num_experts", "hidden", "topk", "out"]

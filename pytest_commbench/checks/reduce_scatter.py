@@ -14,7 +14,6 @@ from .base import Op, Trial, full_random, sum_slack
 
 class ReduceScatter(Op):
     name = "reduce_scatter"
-    vary = ("sendbuf",)
 
     def args(self, params):
         return ["sendbuf", "recvbuf"]

@@ -28,10 +28,6 @@ class HostBackend:
     def copy(self, buf: np.ndarray) -> np.ndarray:
         return np.array(buf, copy=True)
 
-    def shift(self, dst: np.ndarray, base: np.ndarray, by: int) -> None:
-        """dst = base + by, in dst's dtype (as the controller's oracle computes it)."""
-        np.add(base, np.asarray(by, dtype=dst.dtype), out=dst)
-
     def poison(self, buf: np.ndarray) -> None:
         buf.fill(poison_value(buf.dtype))
 

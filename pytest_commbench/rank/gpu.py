@@ -50,10 +50,6 @@ class CudaBackend:
         out[...] = buf
         return out
 
-    def shift(self, dst, base, by: int) -> None:
-        """dst = base + by on the device (IEEE rounding: the same as the oracle's numpy)."""
-        self.cp.add(base, dst.dtype.type(by), out=dst)
-
     def poison(self, buf) -> None:
         buf.fill(poison_value(buf.dtype))
 
