@@ -69,6 +69,40 @@ class Settings:
     atol: float
 
 
+@dataclass(frozen=True)
+class Timing:
+    """One call as the observer saw it: `call` from the last gate to the last "done"; on a
+    staged (GPU) backend also the untimed phases around it, whose length the solution can
+    stretch with work of its own: `before`, the longest upload (inputs written to the rank's
+    "ready", its whole device idle) and `after`, the fetch of the outputs (all ranks done to
+    the last "saved"). See `charged`."""
+
+    call: float
+    before: float = 0.0
+    after: float = 0.0
+
+
+def charged(timings: list[Timing], baseline: tuple[float, float] | None) -> list[float]:
+    """Each call's time with the untimed phases' excess over the baseline added: a solution
+    that says it is done before its work is (the rank's process can write any word) or does
+    the work while its inputs are uploaded has that work counted, as the phases it stretched
+    last longer than the reference's did. `baseline` is (before, after) from the item's
+    warm-up reference job (a high percentile, so the harness's own jitter is not charged);
+    None where there is none (untimed jobs, the warm-up itself)."""
+    if baseline is None:
+        return [t.call for t in timings]
+    b0, b1 = baseline
+    return [t.call + max(0.0, t.before - b0) + max(0.0, t.after - b1) for t in timings]
+
+
+def phase_baseline(timings: list[Timing]) -> tuple[float, float] | None:
+    """The 90th percentile of a reference job's upload and fetch phases (None: no calls)."""
+    if not timings:
+        return None
+    return (float(np.percentile([t.before for t in timings], 90)),
+            float(np.percentile([t.after for t in timings], 90)))
+
+
 class Rank:
     def __init__(self, conn: socket.socket, number: int) -> None:
         self.conn, self.number = conn, number
@@ -134,6 +168,29 @@ class Observer:
         self.job = None
         self.k = 0
         self.version = 0
+        self.where = ""  # the case and call being made, for a timeout's message
+
+    def progress(self) -> str:
+        """Where each rank was in the current call, from the words it set (a hung job's
+        message: which rank never came back, and from what)."""
+        if not self.k:
+            return f"{self.where}no call was made yet"
+        steps = ([("ready", "preparing its inputs"), ("gate", "waiting for its gate"),
+                  ("done", "in the call (the solution or the device synchronize)"),
+                  ("saved", "fetching its outputs")] if self.staged else
+                 [("gate", "waiting for its gate"),
+                  ("done", "in the call (the solution's code)")])
+        parts = []
+        for r in self.ranks:
+            if r is None:
+                continue
+            doing = "finished it"
+            for word, what in steps:
+                if r.ctl.get(word) < self.k:
+                    doing = what
+                    break
+            parts.append(f"rank {r.number}: {doing}")
+        return f"{self.where}call {self.k}: " + "; ".join(parts)
 
     # -- plumbing ------------------------------------------------------------------------
     def close(self) -> None:
@@ -156,7 +213,7 @@ class Observer:
             if self.loaded:
                 limit = self.job.end - self.job.start
                 raise JobEnded(Verdict.TIMEOUT, f"the job did not finish within {limit:g} s "
-                                                "and was killed")
+                                                "and was killed", self.progress())
             raise JobEnded(Verdict.INFRA_ERROR, "the job's ranks did not start within the "
                                                 "deadline (the solution was not loaded yet)")
         if not self.job.alive():
@@ -247,29 +304,27 @@ class Observer:
         self.path.unlink(missing_ok=True)
 
     # -- calls ---------------------------------------------------------------------------
-    def _place(self, trial: Trial) -> None:
-        """Write each rank's inputs of this call and poison its outputs (a new layout and, if
-        needed, a bigger segment where the shapes changed)."""
+    def _lay_out(self, trial: Trial) -> None:
+        """Describe this call's buffers to every rank and poison its outputs (a new layout
+        and, if needed, a bigger segment where the shapes changed). The inputs are written
+        later, each rank's just before its own gate (`_write_inputs`)."""
         placed_all = []
-        for number, rank in enumerate(self.ranks):
+        for number in range(self.world):
             specs = [(n, "in", a.shape, a.dtype) for n, a in trial.inputs[number].items()]
             specs += [(n, "out", shape, dtype)
                       for n, (shape, dtype) in trial.outputs[number].items()]
             placed, size = layout(specs)
-            placed_all.append((rank, placed, size))
-        changed = any(p != r.placed for r, p, _ in placed_all)
-        if changed:
+            placed_all.append((self.ranks[number], placed, size))
+        if any(p != r.placed for r, p, _ in placed_all):
             self.version += 1
-        for (rank, placed, size), number in zip(placed_all, range(self.world)):
+        for number, (rank, placed, size) in enumerate(placed_all):
             remap = size > rank.data_bytes
             if remap:
                 rank.grow(size * 2)
             rank.placed = placed
             v = views(rank.data, placed)
             for name, _kind, _shape, _dtype, _off in placed:
-                if name in trial.inputs[number]:
-                    v[name][...] = trial.inputs[number][name]
-                else:
+                if name not in trial.inputs[number]:
                     v[name].fill(poison_value(v[name].dtype))
             info: dict[str, Any] = {"layout": placed, "extra": trial.extra[number]}
             if remap:
@@ -279,21 +334,51 @@ class Observer:
             if remap:
                 socket.send_fds(rank.conn, [b"{}"], [rank.data_fd])
 
-    def call(self, case: Case, trial: Trial, check: bool) -> float:
-        """One call on every rank; returns its time (last done - last gate)."""
+    def _write_inputs(self, number: int, trial: Trial) -> None:
+        """Rank `number`'s inputs of this call, written the moment before it may start: no
+        rank's inputs are in any process's reach long before that rank's gate, so there is
+        no window in which a solution's thread could do the call's work before it is timed."""
+        rank = self.ranks[number]
+        v = views(rank.data, rank.placed)
+        for name, value in trial.inputs[number].items():
+            v[name][...] = value
+
+    def _await(self, word: str, k: int) -> list[float]:
+        """Wait until every rank set `word` to k; returns when the observer saw each one."""
+        seen = [0.0] * self.world
+
+        def look() -> bool:
+            for r in self.ranks:
+                if not seen[r.number] and r.ctl.get(word) >= k:
+                    seen[r.number] = time.perf_counter()
+            return all(seen)
+
+        self._spin(look)
+        return seen
+
+    def call(self, case: Case, trial: Trial, check: bool) -> Timing:
+        """One call on every rank; returns its time (last done - last gate) and the
+        untimed phases around it (staged backends: a rank's upload and its fetch)."""
         op = self.op
         want = slack = None
         if check and op.samples_outputs:
             want = op.expected(trial, case.count, case.dtype, case.world, case.params)
             slack = None if op.exact else op.slack(trial, case)
-        self._place(trial)
+        self._lay_out(trial)
         self.k += 1
         k, ranks = self.k, self.ranks
-        if self.staged:
-            for r in ranks:
-                r.set("prep", k)
-            self._spin(lambda: all(r.ctl.get("ready") >= k for r in ranks))
         order = sorted(range(self.world), key=lambda i: trial.delays[i])
+        before = after = 0.0
+        if self.staged:
+            # the upload: from this rank's inputs being written to its "ready" (the rank's
+            # whole device idle); the solution's work hidden here is charged (`Timing`)
+            prep = [0.0] * self.world
+            for i in order:
+                self._write_inputs(i, trial)
+                prep[i] = time.perf_counter()
+                ranks[i].set("prep", k)
+            ready = self._await("ready", k)
+            before = max(ready[i] - prep[i] for i in range(self.world))
         gate = [0.0] * self.world
         done = [0.0] * self.world
         early: list[str] = []
@@ -315,13 +400,16 @@ class Observer:
             while time.perf_counter() < at:
                 collect()
                 os.sched_yield()
+            if not self.staged:
+                self._write_inputs(i, trial)
             gate[i] = time.perf_counter()
             ranks[i].set("gate", k)
         self._spin(collect)
         if self.staged:  # every rank is done: peers no longer write into anyone's outputs
+            fetch = time.perf_counter()
             for r in ranks:
                 r.set("fetch", k)
-            self._spin(lambda: all(r.ctl.get("saved") >= k for r in ranks))
+            after = max(self._await("saved", k)) - fetch
         if check:
             got = [{n: np.array(a) for n, a in views(r.data, r.placed).items()
                     if n in trial.outputs[r.number]} for r in ranks]
@@ -337,7 +425,7 @@ class Observer:
                           f"{str(exc)[:200]})"]
             if errors:
                 raise WrongAnswer(errors)
-        return max(done) - max(gate)
+        return Timing(max(done) - max(gate), before, after)
 
     def _spot_check(self, number: int, want: dict[str, np.ndarray],
                     slack: dict[str, np.ndarray]) -> list[str]:
@@ -362,12 +450,13 @@ class Observer:
                               f"said it was done (spot check of {idx.size} positions: {msg})")
         return errors
 
-    def run_case(self, case: Case) -> list[float]:
+    def run_case(self, case: Case) -> list[Timing]:
         """Trials, warm-up and timed repetitions of one case; returns the repetitions' times.
         Raises WrongAnswer with every message labelled by the call it came from."""
         label = f"count={case.count} {case.dtype}"
         where = ""
-        times: list[float] = []
+        self.where = f"case {case.id} ({label}), "
+        times: list[Timing] = []
         try:
             for t, trial in enumerate(case.trials):
                 where = f"trial {t}"
@@ -375,7 +464,7 @@ class Observer:
             if self.timed and self.s.reps > 0:
                 where = "warm-up"
                 last = case.trials[-1] if case.trials else self.op.timed_trial(self.rng, case)
-                first = self.call(case, last, check=False)
+                first = self.call(case, last, check=False).call
                 extra = self.s.warmup - 1
                 if first > 0:
                     extra = max(extra, min(MAX_WARMUP_CALLS, int(WARMUP_S / first)))
@@ -386,7 +475,7 @@ class Observer:
                     where = f"timed repetition {len(times)}"
                     times.append(self.call(case, self.op.timed_trial(self.rng, case),
                                            check=True))
-                    spent += times[-1]
+                    spent += times[-1].call
                     wall = time.perf_counter() - began
                     if len(times) >= self.s.reps and (
                             spent >= self.s.budget_s or len(times) >= self.s.max_reps
@@ -432,4 +521,5 @@ def guard_reports(out: Path) -> list[dict]:
     return found
 
 
-__all__ = ["GUARD_EXIT", "JobEnded", "Observer", "Settings", "WrongAnswer", "guard_reports"]
+__all__ = ["GUARD_EXIT", "JobEnded", "Observer", "Settings", "Timing", "WrongAnswer", "charged",
+           "guard_reports", "phase_baseline"]

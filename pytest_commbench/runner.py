@@ -70,7 +70,7 @@ class Outcome:
     verdict: Verdict
     message: str = ""
     detail: str = ""
-    times: dict[str, list[float]] = field(default_factory=dict)
+    times: dict[str, list[observer.Timing]] = field(default_factory=dict)
     output: str = ""
     seconds: float = 0.0
 
@@ -191,6 +191,7 @@ def _interleave(plan: Plan, artifacts: dict[str, Path], lease_env: dict[str, str
     output = ""
     order = list(artifacts)
     timed = "ref" in artifacts
+    baseline: dict[str, tuple[float, float] | None] = {}
     if timed:
         # a warm-up job of the reference, timed like the others, its times thrown away:
         # whatever the first job of an item pays (page cache, input files being written back,
@@ -201,6 +202,9 @@ def _interleave(plan: Plan, artifacts: dict[str, Path], lease_env: dict[str, str
         outcome = _run_job(plan, artifacts["ref"], job_dir, lease_env, timed)
         if outcome.verdict is not Verdict.PASS:
             raise InfraError(f"the reference failed ({outcome.verdict}): {outcome.message}")
+        # what the harness's own upload and fetch take, per case: beyond it, the untimed
+        # phases are charged to every later job, the reference's as well (observer.charged)
+        baseline = {cid: observer.phase_baseline(ts) for cid, ts in outcome.times.items()}
     rounds = settings.rounds if timed else 1
     most = max(rounds, settings.max_rounds) if timed and settings.reps > 0 else rounds
     rnd = 0
@@ -216,7 +220,7 @@ def _interleave(plan: Plan, artifacts: dict[str, Path], lease_env: dict[str, str
             if who == "sol":
                 output = outcome.output
             for cid, ts in outcome.times.items():
-                times[who][cid].append(ts)
+                times[who][cid].append(observer.charged(ts, baseline.get(cid)))
         rnd += 1
     if timed:
         record["timing_rounds"] = rnd
@@ -288,7 +292,7 @@ def _run_job(plan: Plan, artifact: Path, job_dir: Path, lease_env: dict[str, str
         "solution": str(solution), "entry": task.entry, "language": task.language,
         "fixtures": list(task.fixtures), "workspace_bytes": task.workspace,
         "backend": platform.backend, "out": str(out), "scratch": str(scratch),
-        "job_dir": str(job_dir.resolve()), "nccl_lib": libs,
+        "job_dir": str(job_dir.resolve()), "nccl_lib": libs, "deadline_s": plan.deadline,
         "cases": [{"id": c.id, "args": c.args, "params": c.params} for c in plan.cases],
     }
     job_file = job_dir / "ro" / "job.json"
@@ -351,6 +355,21 @@ def _run_job(plan: Plan, artifact: Path, job_dir: Path, lease_env: dict[str, str
     return outcome
 
 
+def _stacks(out: Path, world: int) -> str:
+    """The Python stacks a hung rank's watchdog wrote shortly before the deadline (quoted for
+    whoever debugs the hang, never believed)."""
+    parts = []
+    for rank in range(world):
+        try:
+            with open(out / f"stack_r{rank}.txt", "rb") as f:
+                text = f.read(65536).decode(errors="replace").strip()
+        except OSError:
+            continue
+        if text:
+            parts.append(f"rank {rank}'s Python stack near the deadline:\n{text[-1500:]}")
+    return "\n".join(parts)
+
+
 END_GRACE_S = 30.0
 # Open MPI 5's report of a rank that ended without MPI_Finalize (os._exit, exit())
 IMPROPER = re.compile(r"process\s+rank\s+(\d+)\s+with\s+PID\s+\d+\s+on\s+node\s+\S+\s+"
@@ -385,9 +404,11 @@ def _blame(outcome: Outcome, result, out: Path, world: int, loaded: bool) -> Non
         except Exception:  # noqa: BLE001
             statuses.append(None)
     if outcome.verdict is Verdict.TIMEOUT:
-        stuck = [f"rank {r}: {s.get('phase')}" for r, s in enumerate(statuses)
+        stuck = [f"rank {r}: {str(s.get('phase'))[:100]}" for r, s in enumerate(statuses)
                  if isinstance(s, dict) and not s.get("done")]
-        outcome.detail = "; ".join(stuck)
+        outcome.detail = "\n".join(
+            p for p in (outcome.detail, "status files: " + "; ".join(stuck) if stuck else "",
+                        _stacks(out, world)) if p)
         return
     for rank, s in enumerate(statuses):
         if isinstance(s, dict) and s.get("error"):

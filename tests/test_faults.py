@@ -76,8 +76,6 @@ def test_unusable_replies_are_the_models_failure_end_to_end(bench, data, needle)
     assert record["verdict"] == "no_solution"
 
 
-@pytest.mark.xfail(reason="build.py's compile must turn RecursionError/MemoryError into "
-                          "compile_error (not in this change's files)", strict=False)
 def test_a_deeply_nested_reply_is_a_compile_error_not_an_infra_error(bench):
     bench.add_task()
     body = "    recvbuf[:] = sendbuf" + " + sendbuf" * 60_000

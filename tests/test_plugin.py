@@ -206,6 +206,12 @@ def test_a_hanging_rank_is_killed_and_the_next_item_runs(bench, processes_with):
     assert verdicts["suites/collective/ring_allreduce_after/task.toml::ring_allreduce_after[np2]"] == "pass"
     (timed_out,) = [r for r in bench.records() if r["verdict"] == "timeout"]
     assert timed_out["duration_s"] < 5 + 10
+    # the message says where each rank was: rank 0 never came back from its first call
+    # (rank 1 did), and rank 0's watchdog wrote its Python stack, in the solution's Recv
+    detail = timed_out["detail"]
+    assert "call 1: rank 0: in the call" in detail, detail
+    assert "rank 1: finished it" in detail, detail
+    assert "rank 0's Python stack near the deadline" in detail and "solution.py" in detail, detail
     assert elapsed < 5 + 10 + 60
     assert [p for p in processes_with(b"commbench_rank")
             if str(bench.root).encode() in open(f"/proc/{p}/cmdline", "rb").read()] == []

@@ -196,7 +196,27 @@ def guard(job: dict, rank: int, solution: str, scratch: Path) -> None:
             hidden_modules=[__package__, "pytest_commbench", "pytest", "_pytest"])
 
 
+def watchdog(job: dict, rank: int) -> None:
+    """Shortly before the job's deadline, write every thread's Python stack to the out
+    folder: where a hung rank was stuck, for the timeout's message."""
+    import faulthandler
+
+    deadline = float(job.get("deadline_s") or 0)
+    if deadline <= 0:
+        return
+    try:
+        f = open(Path(job["out"]) / f"stack_r{rank}.txt", "w")  # noqa: SIM115 - kept open
+    except OSError:
+        return
+    WATCHDOG.append(f)
+    faulthandler.dump_traceback_later(max(deadline * 0.9 - 2.0, 1.0), file=f)
+
+
+WATCHDOG: list[Any] = []
+
+
 def run(job: dict, rank: int, status: Status, link: Link) -> None:
+    watchdog(job, rank)
     from mpi4py import MPI
 
     world = MPI.COMM_WORLD
