@@ -29,3 +29,24 @@ def test_a_lookup_under_another_name_is_forbidden_at_build(tmp_path):
         build_cuda(task, (CHEAT / "solution.cu").read_text(), tmp_path, "sm_90")
     assert info.value.verdict is Verdict.FORBIDDEN
     assert "dlvsym" in info.value.message
+
+
+GPU_CHEATS = REPO / "fixtures" / "cheats-gpu"
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
+@pytest.mark.parametrize("cheat", sorted(p.name for p in GPU_CHEATS.iterdir() if p.is_dir()))
+def test_every_gpu_cheat_builds_unless_it_is_forbidden_at_build(tmp_path, cheat):
+    """The CUDA cheats run on the GPU machine only; here each must at least compile (a cheat
+    that does not build proves nothing there), or be refused at build when that is its
+    expected verdict."""
+    import tomllib
+
+    spec = tomllib.loads((GPU_CHEATS / cheat / "cheat.toml").read_text())
+    task = load_task(REPO / "suites" / spec["task"] / "task.toml", REPO / "suites")
+    (source,) = (GPU_CHEATS / cheat / spec["task"]).glob("solution.*")
+    try:
+        build_cuda(task, source.read_text(), tmp_path, "sm_90")
+    except Rejected as exc:
+        assert exc.verdict is Verdict.FORBIDDEN and "forbidden" in spec["expect"], (
+            exc.verdict, exc.message, exc.detail[-2000:])

@@ -138,3 +138,20 @@ def test_compare_counts_every_wrong_element_across_chunks(monkeypatch, rtol, ato
     bad[23] = -1
     assert base.compare(bad.reshape(5, 10), ints.reshape(5, 10), 0, 0).startswith(
         "1 of 50 elements wrong; first at index (2, 3)")
+
+
+def test_untimed_phases_are_charged_beyond_the_reference_baseline():
+    """A staged call's upload and fetch are not timed, but whatever they last beyond the
+    reference's 90th percentile is added: work hidden behind a false "done" is counted."""
+    from pytest_commbench.observer import Timing, charged, phase_baseline
+
+    ref = [Timing(1e-3, 2e-3 + i * 1e-5, 3e-3 + i * 1e-5) for i in range(11)]
+    base = phase_baseline(ref)
+    assert base == pytest.approx((2e-3 + 9e-5, 3e-3 + 9e-5))
+    # the reference itself is charged only above its own 90th percentile
+    assert charged(ref, base)[:10] == [1e-3] * 10
+    # a false "done" after 0.1 ms, the other 0.9 ms of work in the fetch
+    cheat = [Timing(1e-4, 2e-3, 3e-3 + 9e-4)]
+    assert charged(cheat, base)[0] == pytest.approx(1e-4 + 9e-4 - 9e-5)
+    # no baseline (untimed jobs, the warm-up): the call alone
+    assert charged(cheat, None) == [1e-4] and phase_baseline([]) is None
