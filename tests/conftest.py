@@ -32,16 +32,19 @@ class Bench:
         self.root = pytester.path
         (self.root / "pytest.ini").write_text(INI)
 
-    def add_task(self, relpath: str = TASK, ranks: int | None = 2, name: str | None = None) -> Path:
+    def add_task(self, relpath: str = TASK, ranks: int | None = 2, name: str | None = None,
+                 sizes: list[int] | None = None) -> Path:
         dst_rel = relpath if name is None else f"{Path(relpath).parent}/{name}"
         suite = self.root / "suites" / dst_rel
         shutil.copytree(REPO / "suites" / relpath, suite)
         shutil.copytree(REPO / "references" / relpath, self.root / "references" / dst_rel)
+        manifest = suite / "task.toml"
+        lines = manifest.read_text().splitlines()
         if ranks is not None:
-            manifest = suite / "task.toml"
-            lines = [f"ranks = [{ranks}]" if line.startswith("ranks =") else line
-                     for line in manifest.read_text().splitlines()]
-            manifest.write_text("\n".join(lines) + "\n")
+            lines = [f"ranks = [{ranks}]" if line.startswith("ranks =") else line for line in lines]
+        if sizes is not None:
+            lines = [f"sizes = {sizes}" if line.startswith("sizes =") else line for line in lines]
+        manifest.write_text("\n".join(lines) + "\n")
         return suite
 
     def solution_dir(self, case: str) -> Path:

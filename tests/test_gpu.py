@@ -113,7 +113,7 @@ def test_a_gpu_cheat_is_rejected(bench, cheat):
     """Each CUDA cheat of fixtures/cheats-gpu gets a verdict in its `expect` list (a pass
     only with a speedup no better than its `max_speedup`)."""
     spec = tomllib.loads((CHEATS / cheat / "cheat.toml").read_text())
-    bench.add_task(spec["task"], ranks=2)
+    bench.add_task(spec["task"], ranks=2, sizes=spec.get("sizes"))
     result = bench.run("--platform=auto", f"--commbench-model=dir:{CHEATS / cheat}",
                        "--commbench-max-rounds=1", "--commbench-rounds=1")
     (record,) = bench.records()
@@ -121,4 +121,7 @@ def test_a_gpu_cheat_is_rejected(bench, cheat):
                                                  result.stdout.str()[-2000:])
     if record["verdict"] == "pass":
         assert record["speedup"] <= spec["max_speedup"], record["speedup"]
-    print(f"{cheat}: {record['verdict']} {record.get('speedup')} {record['message'][:200]}")
+    per_size = [(s["bytes"], round(s["speedup"], 3)) for s in record.get("sizes", [])
+                if s.get("speedup") is not None]
+    print(f"{cheat}: {record['verdict']} {record.get('speedup')} {per_size} "
+          f"{record['message'][:200]}")
