@@ -170,6 +170,7 @@ class Observer:
         self.k = 0
         self.version = 0
         self.where = ""  # the case and call being made, for a timeout's message
+        self.case_no = 0  # the case being run, 1-based (the CASE word)
 
     def progress(self) -> str:
         """Where each rank was in the current call, from the words it set (a hung job's
@@ -368,18 +369,32 @@ class Observer:
         self._lay_out(trial)
         self.k += 1
         k, ranks = self.k, self.ranks
+        for r in ranks:
+            r.set("case", self.case_no)
         order = sorted(range(self.world), key=lambda i: trial.delays[i])
+        # staged: a late rank is prepared at its gate (see protocol.py)
+        late = {i for i in range(self.world) if trial.delays[i] > 0} if self.staged else set()
         before = after = 0.0
         if self.staged:
             # the upload: from this rank's inputs being written to its "ready" (the rank's
             # whole device idle); the solution's work hidden here is charged (`Timing`)
             prep = [0.0] * self.world
             for i in order:
-                self._write_inputs(i, trial)
-                prep[i] = time.perf_counter()
-                ranks[i].set("prep", k)
-            ready = self._await("ready", k)
-            before = max(ready[i] - prep[i] for i in range(self.world))
+                if i not in late:
+                    self._write_inputs(i, trial)
+                    prep[i] = time.perf_counter()
+                    ranks[i].set("prep", k)
+            seen = [0.0] * self.world
+
+            def prepared() -> bool:
+                for i in range(self.world):
+                    if i not in late and not seen[i] and ranks[i].ctl.get("ready") >= k:
+                        seen[i] = time.perf_counter()
+                return all(seen[i] for i in range(self.world) if i not in late)
+
+            self._spin(prepared)
+            before = max([seen[i] - prep[i] for i in range(self.world) if i not in late],
+                         default=0.0)
         gate = [0.0] * self.world
         done = [0.0] * self.world
         early: list[str] = []
@@ -401,9 +416,11 @@ class Observer:
             while time.perf_counter() < at:
                 collect()
                 os.sched_yield()
-            if not self.staged:
+            if not self.staged or i in late:
                 self._write_inputs(i, trial)
             gate[i] = time.perf_counter()
+            if i in late:
+                ranks[i].set("prep", k)
             ranks[i].set("gate", k)
         self._spin(collect)
         if self.staged:  # every rank is done: peers no longer write into anyone's outputs
@@ -457,6 +474,7 @@ class Observer:
         label = f"count={case.count} {case.dtype}"
         where = ""
         self.where = f"case {case.id} ({label}), "
+        self.case_no += 1
         times: list[Timing] = []
         try:
             for t, trial in enumerate(case.trials if self.trials or not self.timed else []):

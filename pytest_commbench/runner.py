@@ -21,7 +21,7 @@ import numpy as np
 
 from . import checks, interposer, observer, regions, sandbox
 from .build import ALWAYS_FORBIDDEN_C, expand_forbid
-from .checks.base import Case
+from .checks.base import Case, make_late
 from .launch import Job, find_mpiexec, mpi_env
 from .models.base import Candidate, Reply
 from .platforms.base import Platform
@@ -92,7 +92,8 @@ def run_candidate(task: Task, world: int, candidate: Candidate, platform: Platfo
     except Rejected as exc:
         record.update(verdict=exc.verdict, message=exc.message, detail=exc.detail)
     except InfraError as exc:
-        record.update(verdict=Verdict.INFRA_ERROR, message=str(exc))
+        message, _, detail = str(exc).partition("\n")  # the evidence, where any, after a line
+        record.update(verdict=Verdict.INFRA_ERROR, message=message, detail=detail)
     except Exception as exc:  # noqa: BLE001 - a harness bug is an infra_error, never a crash
         record.update(verdict=Verdict.INFRA_ERROR,
                       message=f"harness error: {exc.__class__.__name__}: {exc}",
@@ -152,6 +153,8 @@ def _run(task, world, candidate, platform, settings, record) -> None:
             cid = f"c{len(cases)}"
             cases.append(op.make_case(rng, cid, count, dtype, world, task.check.params,
                                       task.check.trials, 0))
+            if task.check.late_rank:
+                make_late(cases[-1], rng)
     if settings.sandbox and sandbox.probe():
         raise InfraError(f"no job sandbox on this machine ({sandbox.probe()}); "
                          "--commbench-unsandboxed runs without one")
@@ -201,7 +204,7 @@ def _interleave(plan: Plan, artifacts: dict[str, Path], lease_env: dict[str, str
         job_dir = settings.work / "warmup"
         outcome = _run_job(plan, artifacts["ref"], job_dir, lease_env, timed, trials=False)
         if outcome.verdict is not Verdict.PASS:
-            raise InfraError(f"the reference failed ({outcome.verdict}): {outcome.message}")
+            raise InfraError(_reference_failed(outcome))
         # what the harness's own upload and fetch take, per case: beyond it, the untimed
         # phases are charged to every later job, the reference's as well (observer.charged)
         baseline = {cid: observer.phase_baseline(ts) for cid, ts in outcome.times.items()}
@@ -217,7 +220,7 @@ def _interleave(plan: Plan, artifacts: dict[str, Path], lease_env: dict[str, str
                                trials=who == "sol")
             if outcome.verdict is not Verdict.PASS:
                 if who == "ref":
-                    raise InfraError(f"the reference failed ({outcome.verdict}): {outcome.message}")
+                    raise InfraError(_reference_failed(outcome))
                 record["output"] = outcome.output[-OUTPUT_IN_RECORD:]
                 raise Rejected(outcome.verdict, outcome.message, outcome.detail)
             if who == "sol":
@@ -229,6 +232,13 @@ def _interleave(plan: Plan, artifacts: dict[str, Path], lease_env: dict[str, str
         record["timing_rounds"] = rnd
         _imprecise(times, plan, record)
     return times, output
+
+
+def _reference_failed(outcome: Outcome) -> str:
+    """The message of an item whose reference failed, with the evidence (a hung reference's
+    ranks and stacks, a wrong answer's other messages)."""
+    text = f"the reference failed ({outcome.verdict}): {outcome.message}"
+    return f"{text}\n{outcome.detail[-4000:]}" if outcome.detail else text
 
 
 def _imprecise(times: dict[str, dict[str, list[list[float]]]], plan: Plan,

@@ -54,6 +54,9 @@ class CheckSpec:
     atol: float
     params: dict[str, Any] = field(default_factory=dict)
     trials: int = 2
+    # the last trial makes one rank late (its inputs written, and on a GPU uploaded, only at
+    # its own gate): a solution must not touch a peer's buffers before that peer's call began
+    late_rank: bool = True
 
 
 @dataclass(frozen=True)
@@ -117,7 +120,7 @@ _TOP_KEYS = {
     "vendors", "ranks", "requires", "timeout", "sizes", "forbid", "check", "metric", "template",
     "prompt", "fixtures", "workspace",
 }
-_CHECK_KEYS = {"op", "dtypes", "rtol", "atol", "params", "trials"}
+_CHECK_KEYS = {"op", "dtypes", "rtol", "atol", "params", "trials", "late_rank"}
 _METRIC_KEYS = {"name", "unit", "better", "bytes"}
 
 
@@ -246,6 +249,7 @@ def load_task(manifest: Path, suites_root: Path, platforms: Container[str] | Non
         atol=atol,
         params=dict(chk.get("params", dict, {})),
         trials=trials,
+        late_rank=chk.get("late_rank", bool, True),
     )
 
     met = _Reader(manifest, top.get("metric", dict), "metric.")

@@ -40,6 +40,7 @@ class Case:
     trials: list[Trial]
 
 
+LATE_S = 2e-3  # how late the late rank of a case's last trial is
 CHUNK = 1 << 20  # elements compared at a time: cache-sized pieces, no array-sized temporaries
 
 
@@ -188,6 +189,15 @@ FULL_BITS = {
     np.dtype(np.float32): (np.uint32, 0x80FFFFFF, 0x3F000000),
     np.dtype(np.float64): (np.uint64, 0x801FFFFFFFFFFFFF, 0x3FE0000000000000),
 }
+
+
+def make_late(case: Case, rng: np.random.Generator) -> None:
+    """The last of several trials (where the op set no delays itself) opens one rank's gate
+    LATE_S after the others', and that rank's inputs are written (on a GPU also uploaded, its
+    outputs poisoned) only then: a solution that reads a peer's inputs or writes into its
+    outputs before the peer's call began is wrong there, as it would be in a real program."""
+    if case.world > 1 and len(case.trials) > 1 and not any(case.trials[-1].delays):
+        case.trials[-1].delays[int(rng.integers(case.world))] = LATE_S
 
 
 def full_random(rng: np.random.Generator, shape, dtype: str) -> np.ndarray:

@@ -279,7 +279,7 @@ class Calls:
         """Until `word` reaches k (True) or the case has ended (False): spinning for SPIN_S,
         then asleep until the observer's wake-up call (a rank that spins for long takes the
         CPU the observer and the other ranks need)."""
-        w, i, end = self.ctl.words, W[word], W["end"]
+        w, i, end, owner = self.ctl.words, W[word], W["end"], W["case"]
         spin_until = time.perf_counter() + SPIN_S
         while w[i] < k:
             if w[end] >= case:
@@ -294,7 +294,9 @@ class Calls:
                         pass
                 except BlockingIOError:
                     pass
-        return True
+        # call k is there: it is this case's unless the observer has moved on (it set the
+        # next case's first call before this rank saw END of its case)
+        return w[owner] <= case
 
     def case(self, index: int, case: dict, ctx: Context) -> None:
         b = self.backend

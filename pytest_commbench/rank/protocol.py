@@ -21,7 +21,13 @@ A call k (numbered from 1 over the whole job):
 - staged backends, once the observer has seen every rank done and set FETCH = k (a peer may
   write into this rank's outputs through CUDA IPC until then), copy the outputs back and
   set SAVED = k.
-END = n tells the rank that case n (1-based) has no more calls.
+END = n tells the rank that case n (1-based) has no more calls. CASE is the case (1-based) that
+call k belongs to, set before its first word: a rank that sees the next case's first call
+before it saw END of its case leaves that call for the next case's loop.
+
+A late rank (a trial's delay): the observer writes its inputs and sets PREP and GATE together
+at its time; its upload is then part of its call, and its peers cannot find its inputs (or
+its poisoned outputs) in place before its call began.
 """
 
 from __future__ import annotations
@@ -33,7 +39,8 @@ import os
 import numpy as np
 
 PAGE = 1 << 16
-WORDS = ("gate", "done", "prep", "ready", "saved", "end", "layout_version", "info_len", "fetch")
+WORDS = ("gate", "done", "prep", "ready", "saved", "end", "layout_version", "info_len", "fetch",
+         "case")
 W = {name: i for i, name in enumerate(WORDS)}
 INFO_AT = 256  # byte offset of the JSON area
 ALIGN = 256
