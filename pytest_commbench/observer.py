@@ -306,7 +306,7 @@ class Observer:
         self.path.unlink(missing_ok=True)
 
     # -- calls ---------------------------------------------------------------------------
-    def _lay_out(self, trial: Trial) -> None:
+    def _lay_out(self, trial: Trial) -> bool:
         """Describe this call's buffers to every rank and poison its outputs (a new layout
         and, if needed, a bigger segment where the shapes changed). The inputs are written
         later, each rank's just before its own gate (`_write_inputs`)."""
@@ -317,7 +317,8 @@ class Observer:
                       for n, (shape, dtype) in trial.outputs[number].items()]
             placed, size = layout(specs)
             placed_all.append((self.ranks[number], placed, size))
-        if any(p != r.placed for r, p, _ in placed_all):
+        changed = any(p != r.placed for r, p, _ in placed_all)
+        if changed:
             self.version += 1
         for number, (rank, placed, size) in enumerate(placed_all):
             remap = size > rank.data_bytes
@@ -335,6 +336,7 @@ class Observer:
             rank.ctl.set("layout_version", self.version)
             if remap:
                 socket.send_fds(rank.conn, [b"{}"], [rank.data_fd])
+        return changed
 
     def _write_inputs(self, number: int, trial: Trial) -> None:
         """Rank `number`'s inputs of this call, written the moment before it may start: no
@@ -366,14 +368,17 @@ class Observer:
         if check and op.samples_outputs:
             want = op.expected(trial, case.count, case.dtype, case.world, case.params)
             slack = None if op.exact else op.slack(trial, case)
-        self._lay_out(trial)
+        changed = self._lay_out(trial)
         self.k += 1
         k, ranks = self.k, self.ranks
         for r in ranks:
             r.set("case", self.case_no)
         order = sorted(range(self.world), key=lambda i: trial.delays[i])
-        # staged: a late rank is prepared at its gate (see protocol.py)
-        late = {i for i in range(self.world) if trial.delays[i] > 0} if self.staged else set()
+        # staged: a late rank is prepared at its gate (see protocol.py), except in a call
+        # with a new layout, whose preparation allocates and maps buffers on all ranks
+        # together (CUDA IPC handles are exchanged): there every rank is prepared first
+        late = ({i for i in range(self.world) if trial.delays[i] > 0}
+                if self.staged and not changed else set())
         before = after = 0.0
         if self.staged:
             # the upload: from this rank's inputs being written to its "ready" (the rank's
@@ -475,6 +480,8 @@ class Observer:
         where = ""
         self.where = f"case {case.id} ({label}), "
         self.case_no += 1
+        for r in self.ranks:  # every case begins with a new layout (the ranks' new buffers)
+            r.placed = []
         times: list[Timing] = []
         try:
             for t, trial in enumerate(case.trials if self.trials or not self.timed else []):

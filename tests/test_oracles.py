@@ -155,3 +155,22 @@ def test_untimed_phases_are_charged_beyond_the_reference_baseline():
     assert charged(cheat, base)[0] == pytest.approx(1e-4 + 9e-4 - 9e-5)
     # no baseline (untimed jobs, the warm-up): the call alone
     assert charged(cheat, None) == [1e-4] and phase_baseline([]) is None
+
+
+def test_the_last_trial_of_a_case_has_one_late_rank_unless_the_op_set_delays():
+    from pytest_commbench.checks.base import LATE_S, make_late
+
+    rng = np.random.default_rng(3)
+    op = checks.get("allreduce")
+    case = op.make_case(rng, "c0", 16, "float32", 4, {}, 2, 0)
+    make_late(case, rng)
+    assert not any(case.trials[0].delays)
+    assert sorted(case.trials[-1].delays) == [0.0, 0.0, 0.0, LATE_S]
+    barrier = checks.get("barrier")
+    case = barrier.make_case(rng, "c0", 0, "uint8", 4, {}, 2, 0)
+    before = [list(t.delays) for t in case.trials]
+    make_late(case, rng)
+    assert [list(t.delays) for t in case.trials] == before  # its own late ranks stay
+    one = op.make_case(rng, "c0", 16, "float32", 4, {}, 1, 0)
+    make_late(one, rng)  # a single trial stays on time (the others check the plain case)
+    assert not any(one.trials[0].delays)

@@ -61,12 +61,6 @@ class CudaBackend:
         return time.perf_counter()
 
 
-def _mpi():
-    from mpi4py import MPI
-
-    return MPI
-
-
 _PINNED: list[int] = []  # this rank's CPUs, the timing thread's first
 
 
@@ -275,8 +269,12 @@ class NativeSolution:
                      fields["barrier"](barrier))
         self.ctx.allgather, self.ctx.broadcast, self.ctx.barrier = self._cbs
 
-    def prepare(self, buffers: list[Any], params: list[int]) -> None:
-        """Fill the context for these buffers (collective: maps peers' buffers through IPC)."""
+    def prepare(self, buffers: list[Any], params: list[int], fresh: bool = True) -> None:
+        """Fill the context for these buffers. `fresh`: the harness allocated them in this
+        call, which every rank does at the same call (a new layout or a new case): then, and
+        only then, the peers' buffers are mapped through CUDA IPC, a collective. (A
+        collective on every call would deadlock with a late rank, prepared only at its gate
+        while the others wait in their preparation.)"""
         w, c = self.world, self.ctx
         if len(buffers) > MAX_BUFFERS or len(params) > MAX_PARAMS:
             raise ValueError("too many buffers or parameters for the C ABI")
@@ -288,8 +286,7 @@ class NativeSolution:
         for i, b in enumerate(buffers):
             c.buffers[i] = ptrs[i]
             c.buffer_bytes[i] = b.nbytes
-        # remap when any rank's buffers changed: decided together, so all ranks take part
-        if self.ipc and w.harness.allreduce(tuple(ptrs) != self.key, op=_mpi().LOR):
+        if self.ipc and (fresh or not self.key):
             if self.mapped:
                 w.close(self.mapped)
             mapped = w.exchange(ptrs)

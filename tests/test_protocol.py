@@ -1,0 +1,63 @@
+"""The call protocol between the observer and a rank, driven word by word (no MPI, no job)."""
+
+from __future__ import annotations
+
+import mmap
+import os
+import threading
+import time
+from types import SimpleNamespace
+
+from pytest_commbench.rank.backends import make_backend
+from pytest_commbench.rank.harness import Calls
+from pytest_commbench.rank.protocol import Control, layout, memfd
+
+
+def _rank_side():
+    ctl_fd, data_fd = memfd("ctl", 1 << 16), memfd("data", 1 << 16)
+    wake_r, wake_w = os.pipe2(os.O_NONBLOCK)
+    link = SimpleNamespace(ctl=Control(ctl_fd), data=mmap.mmap(data_fd, 1 << 16),
+                           wake=wake_r, ring=lambda: None)
+    observer = Control(ctl_fd)
+    return link, observer, wake_w
+
+
+def test_a_rank_never_runs_the_next_cases_first_call_in_the_old_cases_loop():
+    """The observer opens the next case's first call and only then says the old case ended
+    (the order a slow rank can see them in): the rank must leave the old case without making
+    that call, and make it in the next case's loop, with that case's arguments."""
+    link, observer, wake_w = _rank_side()
+    made: list[tuple[str, int]] = []
+
+    def solution(ctx, buf, tag):
+        made.append((tag, int(observer.get("gate"))))
+
+    calls = Calls(link, make_backend("cpu"), solution)
+    placed, _ = layout([("buf", "out", (4,), "float32")])
+
+    def open_call(k: int, case_no: int) -> None:
+        observer.write_info({"layout": placed, "extra": {}})
+        observer.set("layout_version", case_no)
+        observer.set("case", case_no)
+        observer.set("gate", k)
+        os.write(wake_w, b"!")
+
+    def driver() -> None:
+        open_call(1, 1)
+        while observer.get("done") < 1:
+            time.sleep(0.001)
+        open_call(2, 2)  # the next case's first call first ...
+        time.sleep(0.05)
+        observer.set("end", 1)  # ... then the end of the old case
+        while observer.get("done") < 2:
+            time.sleep(0.001)
+        observer.set("end", 2)
+        os.write(wake_w, b"!")
+
+    t = threading.Thread(target=driver)
+    t.start()
+    ctx = SimpleNamespace()
+    calls.case(1, {"id": "c0", "args": ["buf", "tag"], "params": {"tag": "c0"}}, ctx)
+    calls.case(2, {"id": "c1", "args": ["buf", "tag"], "params": {"tag": "c1"}}, ctx)
+    t.join(5)
+    assert made == [("c0", 1), ("c1", 2)]
