@@ -82,25 +82,33 @@ class Timing:
     after: float = 0.0
 
 
+PHASE_TOLERANCE = (0.25, 20e-6)  # (fraction of the baseline, seconds) never charged
+
+
 def charged(timings: list[Timing], baseline: tuple[float, float] | None) -> list[float]:
-    """Each call's time with the untimed phases' excess over the baseline added: a solution
-    that says it is done before its work is (the rank's process can write any word) or does
-    the work while its inputs are uploaded has that work counted, as the phases it stretched
-    last longer than the reference's did. `baseline` is (before, after) from the item's
-    warm-up reference job (a high percentile, so the harness's own jitter is not charged);
-    None where there is none (untimed jobs, the warm-up itself)."""
-    if baseline is None:
+    """Each call's time with the untimed phases' systematic excess added: a solution that
+    says it is done before its work is (the rank's process can write any word) or does the
+    work while its inputs are uploaded makes those phases longer than the reference's. Per
+    job and phase, the median over its calls is compared with the baseline, `baseline`
+    being the medians of the item's warm-up reference job (None: untimed jobs, the warm-up
+    itself); what exceeds it by more than PHASE_TOLERANCE is added to every call of the job,
+    the reference's jobs included. Medians, so that a copy that was slow once (pageable
+    memory, a page fault) charges nothing; the tolerance, so that job-to-job drift does not."""
+    if baseline is None or not timings:
         return [t.call for t in timings]
-    b0, b1 = baseline
-    return [t.call + max(0.0, t.before - b0) + max(0.0, t.after - b1) for t in timings]
+    extra = 0.0
+    for got, base in ((float(np.median([t.before for t in timings])), baseline[0]),
+                      (float(np.median([t.after for t in timings])), baseline[1])):
+        extra += max(0.0, got - base - PHASE_TOLERANCE[0] * base - PHASE_TOLERANCE[1])
+    return [t.call + extra for t in timings]
 
 
 def phase_baseline(timings: list[Timing]) -> tuple[float, float] | None:
-    """The 90th percentile of a reference job's upload and fetch phases (None: no calls)."""
+    """The medians of a reference job's upload and fetch phases (None: no calls)."""
     if not timings:
         return None
-    return (float(np.percentile([t.before for t in timings], 90)),
-            float(np.percentile([t.after for t in timings], 90)))
+    return (float(np.median([t.before for t in timings])),
+            float(np.median([t.after for t in timings])))
 
 
 class Rank:
