@@ -231,6 +231,38 @@ def cmd_tasks(args: argparse.Namespace) -> int:
     return 1 if bad else 0
 
 
+def cmd_models(args: argparse.Namespace) -> int:
+    """The model registry (shipped, overlaid with --file): alias, provider, model id, key
+    variable and whether it is set, endpoint, settings, prices."""
+    import os
+
+    from tabulate import tabulate
+
+    from .models.registry import RegistryError, load
+
+    try:
+        specs = load(Path(args.file) if args.file else None)
+    except RegistryError as exc:
+        print(f"commbench models: {exc}", file=sys.stderr)
+        return 2
+    rows = []
+    for s in specs.values():
+        settings = ", ".join(f"{k}={v}" for k, v in (("reasoning", s.reasoning_effort),
+                                                     ("thinking", s.thinking),
+                                                     ("extra", s.extra_body or None)) if v)
+        price = (f"{s.price_in:g}/{s.price_out:g}" if s.price_in is not None
+                 and s.price_out is not None else "unknown")
+        rows.append([s.alias, s.provider, s.model,
+                     f"{s.key_env} ({'set' if os.environ.get(s.key_env) else 'not set'})",
+                     s.base_url or "(SDK default)", settings or "-", price,
+                     {True: "yes", False: "no", None: "?"}[s.open_weights]])
+    print(tabulate(rows, headers=["alias", "provider", "model id", "key", "endpoint",
+                                  "settings", "$/M tokens in/out", "open weights"]))
+    print("\nalso: openai:MODEL and anthropic:MODEL for any compatible server "
+          "(with --commbench-base-url)")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="commbench", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -261,6 +293,10 @@ def main(argv: list[str] | None = None) -> int:
     cmp_.add_argument("--references", default="references")
     cmp_.add_argument("--platform", default="h200", help="profile whose architecture to build for")
     cmp_.set_defaults(func=cmd_compile)
+    mdl = sub.add_parser("models", help="list the models that can be asked by name")
+    mdl.add_argument("--file", help="a user registry file to overlay (as the ini key "
+                                    "commbench_models_file)")
+    mdl.set_defaults(func=cmd_models)
     tsk = sub.add_parser("tasks", help="list the tasks of a suites folder")
     tsk.add_argument("suites", nargs="?", default="suites")
     tsk.set_defaults(func=cmd_tasks)

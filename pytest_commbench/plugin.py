@@ -6,6 +6,7 @@ import pytest
 
 from . import hookspecs
 from .items import TaskManifest, is_manifest, record_crashed_item, record_from_report
+from .models.api import api_model_names, make_api_model
 from .models.builtin import BUILTIN_NAMES, make_builtin
 from .platforms import make as make_platform
 from .report import render
@@ -37,6 +38,12 @@ SHARED_NODE_DESC = ("timed items lease only the GPUs they use instead of the who
 UNSANDBOXED_DESC = ("run jobs without their sandbox where namespaces are not available "
                     "(recorded in every result's fingerprint; a solution can then reach the "
                     "harness)")
+BASE_URL_DESC = ("endpoint of the model's server, in the form its SDK takes (OpenAI-compatible: "
+                 ".../v1; Anthropic: the host root); overrides the registry's")
+MODELS_FILE_DESC = "a TOML file of models that extends or overrides the shipped registry"
+REGENERATE_DESC = ("ask the model again even where the runs directory keeps a reply for the "
+                   "task (otherwise kept replies are reused and no request is sent)")
+REQUEST_TIMEOUT_DESC = "seconds one request to a model may take (default 900)"
 MARKERS = {
     "commbench": "a pytest-commbench task item",
     "category_p2p": "", "category_collective": "", "category_ep": "", "category_fusion": "",
@@ -50,6 +57,8 @@ OPTIONS = [
     ("precision", PRECISION_DESC), ("reps", REPS_DESC), ("warmup", WARMUP_DESC),
     ("budget", BUDGET_DESC), ("max_reps", MAX_REPS_DESC),
     ("keep", KEEP_DESC), ("shared_node", SHARED_NODE_DESC), ("unsandboxed", UNSANDBOXED_DESC),
+    ("base_url", BASE_URL_DESC), ("models_file", MODELS_FILE_DESC),
+    ("regenerate", REGENERATE_DESC), ("request_timeout", REQUEST_TIMEOUT_DESC),
 ]
 
 
@@ -75,7 +84,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 @pytest.hookimpl(trylast=True)
 def pytest_commbench_make_model(config, name):
-    return make_builtin(name, config.invocation_params.dir)
+    return make_builtin(name, config.invocation_params.dir) or make_api_model(config, name)
 
 
 @pytest.hookimpl(trylast=True)
@@ -84,7 +93,7 @@ def pytest_commbench_make_platform(config, name):
 
 
 def pytest_commbench_model_names(config):
-    return list(BUILTIN_NAMES)
+    return [*BUILTIN_NAMES, *api_model_names(config)]
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -46,6 +46,10 @@ DEFAULTS = {
     "keep": False,
     "shared_node": False,
     "unsandboxed": False,
+    "base_url": None,
+    "models_file": None,
+    "regenerate": False,
+    "request_timeout": 900.0,
     "references": "references",
     "suites": "suites",
 }
@@ -105,9 +109,10 @@ PARSERS: dict[str, Callable[[str], Any]] = {
     "max_rounds": positive_count, "precision": fraction, "reps": count, "warmup": count,
     "budget": nonnegative_seconds, "max_reps": count,
     "keep": _flag, "shared_node": _flag, "unsandboxed": _flag,
+    "base_url": _text, "models_file": _text, "regenerate": _flag, "request_timeout": seconds,
 }
 #: options given on the command line as a flag, with no value
-FLAGS = ("keep", "shared_node", "unsandboxed")
+FLAGS = ("keep", "shared_node", "unsandboxed", "regenerate")
 
 
 def flag_name(name: str) -> str:

@@ -1,0 +1,123 @@
+"""Models asked over their providers' APIs (the registry's aliases, `openai:ID`,
+`anthropic:ID`).
+
+One generation per task (and sample): every world size of the task judges the same reply.
+Each generation is kept under the runs directory,
+
+    <runs>/replies/<model>/<category>/<task>/s<sample>/r<round>/
+        prompt.md   what was sent
+        reply.md    what came back, as it came
+        usage.json  tokens, cost, timing, the model's settings
+
+and reused from there by later items and later runs (no request is sent) unless
+`--commbench-regenerate`. A lock file makes concurrent pytest-xdist workers that need the
+same task wait for one request instead of sending several."""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import re
+import time
+from collections.abc import Callable
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from ..tasks import Task
+from . import prompt as prompts
+from .base import Candidate, Model, Reply
+from .providers import ask
+from .registry import ModelSpec
+
+
+def _safe(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("._") or "model"
+
+
+class ApiModel(Model):
+    def __init__(self, spec: ModelSpec, where: Callable[[], dict[str, Any]]) -> None:
+        """`where()` gives, when the first item asks, what the session knows then: runs_dir,
+        base_url, timeout_s, regenerate, fingerprint (the platform's)."""
+        self.spec = spec
+        self.name = spec.alias
+        self._where = where
+
+    def candidates(self, task: Task, references: Path) -> list[Candidate]:
+        # the references root is the built-in models' alone: never read here
+        return [Candidate("", "solution", lambda: self.generate(task, sample=0, round_=1))]
+
+    def folder(self, task: Task, runs_dir: Path, sample: int, round_: int) -> Path:
+        return (runs_dir / "replies" / _safe(self.name) / task.relpath / f"s{sample}"
+                / f"r{round_}")
+
+    def generate(self, task: Task, sample: int, round_: int) -> Reply:
+        w = self._where()
+        folder = self.folder(task, Path(w["runs_dir"]), sample, round_)
+        folder.mkdir(parents=True, exist_ok=True)
+        with open(folder.parent / f".r{round_}.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # one request per task, whatever the workers
+            kept = None if w.get("regenerate") else _load(folder)
+            if kept is not None:
+                return kept
+            text = prompts.build(task, w.get("fingerprint", {}))
+            (folder / "prompt.md").write_text(text, encoding="utf-8")
+            started = time.time()
+            got = ask(self.spec, text, w.get("base_url"), float(w.get("timeout_s", 600)))
+            if got.error:  # an outage: nothing kept, the next run asks again
+                return Reply(None, infra_error=got.error)
+            cost = self.spec.cost(got.tokens_in, got.tokens_out)
+            usage = {"tokens_in": got.tokens_in, "tokens_out": got.tokens_out, "cost": cost,
+                     "seconds": round(time.time() - started, 3), "model": asdict(self.spec)}
+            (folder / "reply.md").write_text(got.text or "", encoding="utf-8",
+                                             errors="surrogateescape")
+            (folder / "usage.json").write_text(json.dumps(usage, indent=1) + "\n")
+            return Reply(got.text, got.tokens_in, got.tokens_out, cost or 0.0)
+
+
+def _load(folder: Path) -> Reply | None:
+    """A reply kept by an earlier item or run: the same text; its tokens and cost were
+    counted where it was made, so they count nothing here."""
+    reply, usage = folder / "reply.md", folder / "usage.json"
+    if not (reply.is_file() and usage.is_file()):
+        return None
+    return Reply(reply.read_text(encoding="utf-8", errors="surrogateescape") or None)
+
+
+def _user_file(config) -> Path | None:
+    from ..session import setting
+
+    value = setting(config, "models_file")
+    if not value:
+        return None
+    path = Path(value).expanduser()
+    return path if path.is_absolute() else config.invocation_params.dir / path
+
+
+def make_api_model(config, name: str) -> ApiModel | None:
+    """The registry's model called `name` (None: not a registry name). A broken registry
+    file or a bad `openai:` name is a ValueError (a usage error naming it)."""
+    from ..session import STATE, setting
+    from .registry import resolve
+
+    spec = resolve(name, _user_file(config))
+    if spec is None:
+        return None
+
+    def where() -> dict[str, Any]:
+        state = config.stash[STATE]
+        return {"runs_dir": state.runs_dir, "base_url": setting(config, "base_url"),
+                "timeout_s": setting(config, "request_timeout"),
+                "regenerate": setting(config, "regenerate"),
+                "fingerprint": state.fingerprint}
+
+    return ApiModel(spec, where)
+
+
+def api_model_names(config) -> list[str]:
+    from .registry import RegistryError, names
+
+    try:
+        return names(_user_file(config))
+    except RegistryError:
+        return ["openai:MODEL", "anthropic:MODEL"]

@@ -1,0 +1,47 @@
+"""The prompt a model gets for a task: the task's own prompt, the platform it will run on,
+the file to complete and the contract of its editable regions. Nothing from the reference,
+the mutants or the seed."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..regions import parse
+from ..tasks import Task
+
+FENCE = {"cuda": "cuda", "python": "python"}
+PLATFORM_KEYS = ("platform", "gpu", "gpu_count", "interconnect", "gpu0_gpu1_link", "cuda",
+                 "driver", "nccl", "nvshmem", "mpi", "mpi4py", "cupy", "numpy", "python", "cpu")
+
+
+def build(task: Task, fingerprint: dict[str, Any]) -> str:
+    template = task.template.read_text(encoding="utf-8")
+    names = parse(template).names
+    comment = "#" if task.language == "python" else "//"
+    machine = "\n".join(f"- {k}: {fingerprint[k]}" for k in PLATFORM_KEYS if k in fingerprint)
+    sizes = ", ".join(str(n) for n in task.sizes)
+    return f"""# {task.title}
+
+{task.prompt.read_text(encoding="utf-8").strip()}
+
+## Where it runs
+
+The harness runs your solution with {', '.join(str(r) for r in task.ranks)} ranks (one process
+per rank{', one GPU each' if task.language == 'cuda' else ''}), on sizes {sizes} (elements), and
+compares its time with an expert solution's. This machine:
+{machine}
+
+## The file to complete: `{task.template.name}`
+
+```{FENCE.get(task.language, '')}
+{template.rstrip()}
+```
+
+## How to answer
+
+Edit only the regions between the marker lines `{comment} >>> COMMBENCH EDIT <name>` and
+`{comment} <<< COMMBENCH EDIT` (regions: {', '.join(names)}). Reply with the whole file in one
+fenced code block, or with only the regions, each with its two marker lines and your code
+between them. Anything changed outside the regions is rejected, and so are calls the task
+forbids.
+"""

@@ -1,0 +1,184 @@
+"""Models asked over their APIs: the registry, the prompt, and whole runs through the real
+SDKs against scripted servers on loopback (tests/llm_servers.py)."""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+from pytest_commbench.models import prompt as prompts
+from pytest_commbench.models.registry import RegistryError, load, resolve
+from pytest_commbench.tasks import load_task
+
+REPO = Path(__file__).resolve().parent.parent
+TASK = "collective/ring_allreduce"
+
+REF = (REPO / "references" / TASK / "solution.py").read_text()
+TEMPLATE = (REPO / "suites" / TASK / "template.py").read_text()
+NODE = f"suites/{TASK}/task.toml::ring_allreduce[np2]"
+
+
+def _region(text: str) -> str:
+    return re.search(r"    # >>> COMMBENCH EDIT allreduce\n.*?    # <<< COMMBENCH EDIT\n", text,
+                     re.S).group(0)
+
+
+# -- the registry -----------------------------------------------------------------------------
+
+def test_the_shipped_registry_has_the_papers_models_and_their_settings():
+    specs = load()
+    assert {"gpt-5.5", "gemini-3.1-pro", "claude-opus-4.7", "glm-5.1", "kimi", "qwen-3.7-max",
+            "deepseek-v4-pro"} <= set(specs)
+    assert specs["kimi"].key_env == "MOONSHOT_API_KEY" and specs["kimi"].open_weights
+    assert specs["gpt-5.5"].reasoning_effort == "medium"
+    assert specs["claude-opus-4.7"].provider == "anthropic"
+    assert specs["claude-opus-4.7"].thinking == "adaptive"
+    assert specs["qwen-3.7-max"].extra_body == {"enable_thinking": False}
+    assert specs["kimi"].cost(1000, 1000) is None  # no price shipped: the cost is unknown
+
+
+def test_a_user_file_overrides_fields_and_adds_models(tmp_path):
+    user = tmp_path / "models.toml"
+    user.write_text('[models.kimi]\nprice_in = 0.6\nprice_out = 2.5\n'
+                    '[models.local]\nprovider = "openai"\nmodel = "qwen-coder"\n'
+                    'base_url = "http://127.0.0.1:8000/v1"\n')
+    specs = load(user)
+    assert specs["kimi"].model == "kimi-k2.6"  # the shipped fields stay
+    assert specs["kimi"].cost(1_000_000, 2_000_000) == pytest.approx(0.6 + 5.0)
+    assert specs["local"].key_env == "OPENAI_API_KEY"
+    assert resolve("openai:my-model").model == "my-model"
+    assert resolve("nonsense") is None
+
+
+@pytest.mark.parametrize("text, needle", [
+    ('[models.x]\nprovider = "openai"\nmodel = "m"\ncolour = 1\n', "models.x.colour: unknown key"),
+    ('[models.x]\nprovider = "gopher"\nmodel = "m"\n', "models.x.provider"),
+    ('[models.x]\nprovider = "openai"\n', "'model' is missing"),
+    ('[models.x]\nprovider = "openai"\nmodel = "m"\nmax_tokens = "many"\n', "expected int"),
+    ("[models\n", "not valid TOML"),
+])
+def test_a_bad_registry_file_names_file_and_key(tmp_path, text, needle):
+    user = tmp_path / "models.toml"
+    user.write_text(text)
+    with pytest.raises(RegistryError, match=re.escape(needle)) as info:
+        load(user)
+    assert str(user) in str(info.value)
+
+
+def test_the_prompt_has_the_task_the_template_the_platform_and_the_contract():
+    task = load_task(REPO / "suites" / TASK / "task.toml", REPO / "suites")
+    text = prompts.build(task, {"platform": "cpu", "mpi": "mpiexec (Open MPI) 5.0"})
+    assert (REPO / "suites" / TASK / "prompt.md").read_text().strip()[:200] in text
+    assert TEMPLATE.rstrip() in text
+    assert "- mpi: mpiexec (Open MPI) 5.0" in text and "regions: allreduce" in text
+    assert _region(REF) not in text  # never the reference
+
+
+# -- whole runs against scripted servers ------------------------------------------------------
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+
+def _servers():
+    return pytest.importorskip("llm_servers", reason="the scripted servers")
+
+
+def _run(bench, monkeypatch, kind, script, *args, key=True):
+    pytest.importorskip(kind)
+    bench.add_task(TASK, ranks=2)
+    var = "OPENAI_API_KEY" if kind == "openai" else "ANTHROPIC_API_KEY"
+    if key:
+        monkeypatch.setenv(var, "test-key")
+    else:
+        monkeypatch.delenv(var, raising=False)
+    with _servers().ScriptedServer(kind, script) as srv:
+        model = "openai:coder" if kind == "openai" else "anthropic:coder"
+        result = bench.run(f"--commbench-model={model}", f"--commbench-base-url={srv.base_url}",
+                           "--commbench-request-timeout=2", *args)
+    return result, srv.requests
+
+
+def _only(bench) -> dict:
+    (record,) = [r for r in bench.records() if r["nodeid"] == NODE]
+    return record
+
+
+@pytest.mark.parametrize("reply, verdict", [
+    (f"Here it is:\n```python\n{REF}```\n", "pass"),                       # the whole file, fenced
+    (_region(REF), "pass"),                                                # the region alone
+    (f"```python\n{TEMPLATE}```", "runtime_error"),                        # the template: raises
+    ("I cannot do this.", "no_solution"),                                  # no code at all
+    (REF.replace("import numpy as np", "import numpy as np  # mine"), "tampered"),  # outside
+])
+def test_replies_of_every_shape_get_their_verdict(bench, monkeypatch, reply, verdict):
+    result, requests = _run(bench, monkeypatch, "openai",
+                            [{"text": reply, "usage": {"in": 1500, "out": 700}}])
+    record = _only(bench)
+    assert record["verdict"] == verdict, (record["message"], result.stdout.str()[-1500:])
+    assert len(requests) == 1
+    assert record["tokens_in"] == 1500 and record["tokens_out"] == 700
+    sent = requests[0]["body"]
+    assert sent["model"] == "coder"
+    assert TEMPLATE.rstrip() in sent["messages"][-1]["content"]
+
+
+def test_a_passing_reply_is_kept_and_a_second_run_sends_nothing(bench, monkeypatch):
+    script = [{"text": f"```python\n{REF}```"}]
+    _run(bench, monkeypatch, "openai", script)
+    first = _only(bench)["verdict"]
+    kept = list((bench.root / "runs" / "replies").rglob("reply.md"))
+    assert len(kept) == 1 and (kept[0].parent / "prompt.md").is_file()
+    usage = json.loads((kept[0].parent / "usage.json").read_text())
+    assert usage["tokens_in"] > 0 and usage["model"]["model"] == "coder"
+    # the same runs dir: the kept reply is used, the server (a new one) hears nothing
+    with _servers().ScriptedServer("openai", [{"status": 500}]) as srv:
+        bench.run("--commbench-model=openai:coder", f"--commbench-base-url={srv.base_url}")
+        assert srv.requests == []
+    verdicts = [r["verdict"] for r in bench.records() if r["nodeid"] == NODE]
+    assert verdicts == [first, first] == ["pass", "pass"]
+
+
+def test_the_anthropic_sdk_is_spoken_too(bench, monkeypatch):
+    _, requests = _run(bench, monkeypatch, "anthropic", [{"text": _region(REF)}])
+    assert _only(bench)["verdict"] == "pass"
+    headers = requests[0]["headers"]  # the SDK's version decides which header carries it
+    assert "test-key" in (headers.get("x-api-key", ""), headers.get("authorization", "")[7:])
+
+
+def test_a_rate_limit_is_retried(bench, monkeypatch):
+    _, requests = _run(bench, monkeypatch, "openai",
+                       [{"status": 429}, {"text": _region(REF)}])
+    assert _only(bench)["verdict"] == "pass" and len(requests) == 2
+
+
+@pytest.mark.parametrize("script, needle", [
+    ([{"status": 500}], "InternalServerError"),
+    ([{"delay_s": 6, "text": "late"}], "Timeout"),
+])
+def test_an_outage_is_an_infra_error_and_the_session_goes_on(bench, monkeypatch, script, needle):
+    result, _ = _run(bench, monkeypatch, "openai", script)
+    record = _only(bench)
+    assert record["verdict"] == "infra_error" and needle in record["message"], record["message"]
+    assert "Traceback" not in result.stdout.str()
+    assert not list((bench.root / "runs" / "replies").rglob("reply.md"))  # nothing kept
+
+
+def test_a_missing_key_is_an_infra_error_naming_the_variable(bench, monkeypatch):
+    _, requests = _run(bench, monkeypatch, "openai", [{"text": "x"}], key=False)
+    record = _only(bench)
+    assert record["verdict"] == "infra_error" and "OPENAI_API_KEY" in record["message"]
+    assert requests == []
+
+
+def test_an_unknown_or_broken_model_name_is_a_usage_error(bench, tmp_path):
+    bench.add_task(TASK, ranks=2)
+    result = bench.run("--commbench-model=openai:")
+    assert result.ret != 0 and "needs a model id" in result.stderr.str()
+    bad = tmp_path / "m.toml"
+    bad.write_text("[models.x]\nprovider = 1\n")
+    result = bench.run("--commbench-model=x", f"--commbench-models-file={bad}")
+    assert result.ret != 0 and "models.x" in result.stderr.str()
