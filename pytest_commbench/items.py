@@ -145,6 +145,7 @@ class TaskItem(pytest.Item):
             reps=state.reps, max_reps=state.max_reps, budget_s=state.budget,
             warmup=state.warmup, timeout=state.timeout, keep=state.keep,
             exclusive=state.exclusive, sandbox=state.sandboxed, hide=state.hidden,
+            refine_rounds=state.refine_rounds,
         )
         for _attempt in range(1 + INFRA_RETRIES):
             result = run_candidate(self.task, self.world, self.candidate, state.platform, settings)
@@ -231,7 +232,7 @@ def describe(record: dict[str, Any], headline: str) -> str:
 
 SUMMARY_KEYS = ("nodeid", "task", "title", "category", "library", "difficulty", "setup", "world",
                 "model", "candidate", "kind", "verdict", "message", "speedup", "speedup_se",
-                "timing_rounds", "band", "sizes",
+                "timing_rounds", "band", "sizes", "rounds", "round",
                 "cost", "tokens_in", "tokens_out", "seed", "run")
 
 
@@ -242,7 +243,12 @@ def junit_properties(record: dict[str, Any]) -> list[tuple[str, Any]]:
         ("commbench.task", record["task"]),
         ("commbench.category", record["category"]),
         ("commbench.world_size", record["world"]),
+        ("commbench.tokens_in", record.get("tokens_in", 0)),
+        ("commbench.tokens_out", record.get("tokens_out", 0)),
+        ("commbench.cost_usd", round(record.get("cost") or 0.0, 6)),
     ]
+    if record.get("round") is not None:
+        props.append(("commbench.round", record["round"]))
     if record.get("speedup") is not None:
         props += [("commbench.speedup", round(record["speedup"], 4)),
                   ("commbench.band", record.get("band", ""))]

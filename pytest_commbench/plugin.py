@@ -21,12 +21,15 @@ SCRATCH_DESC = ("where items' scratch directories (inputs, outputs) go instead o
                 "directory, e.g. a tmpfs such as /dev/shm for large sizes")
 RESUME_DESC = ("finish a killed run: RUN is its id under the runs directory or its directory; "
                "items it finished are reported from its log, the rest run with its seed")
-ROUNDS_DESC = "interleaved reference/solution rounds per item, at least (default 2)"
-MAX_ROUNDS_DESC = ("at most this many rounds: rounds are added while the speedup is less "
-                   "precise than --commbench-precision (default 6)")
+ROUNDS_DESC = ("refinement rounds: after a failure, or a pass slower than the reference, the "
+               "model is asked again with the verdict and its evidence, up to this many "
+               "generations per task (default 1)")
+TIMING_ROUNDS_DESC = "interleaved reference/solution timing rounds per item, at least (default 2)"
+MAX_ROUNDS_DESC = ("at most this many timing rounds: they are added while the speedup is less "
+                   "precise than --commbench-timing-precision (default 6)")
 PRECISION_DESC = ("relative uncertainty of an item's speedup (standard error, from how much "
                   "the jobs scatter, at its 90% upper bound for so few jobs) below which no "
-                  "more rounds are added (default 0.03)")
+                  "more timing rounds are added (default 0.03)")
 REPS_DESC = "timed repetitions per size per job (default 10)"
 WARMUP_DESC = "untimed warm-up calls per size per job (default 2)"
 BUDGET_DESC = ("seconds of timed work per size per job; repetitions go on past --commbench-reps "
@@ -53,8 +56,9 @@ MARKERS = {
 OPTIONS = [
     ("model", MODEL_DESC), ("platform", PLATFORM_DESC), ("seed", SEED_DESC),
     ("timeout", TIMEOUT_DESC), ("runs_dir", RUNS_DESC), ("scratch", SCRATCH_DESC),
-    ("resume", RESUME_DESC), ("rounds", ROUNDS_DESC), ("max_rounds", MAX_ROUNDS_DESC),
-    ("precision", PRECISION_DESC), ("reps", REPS_DESC), ("warmup", WARMUP_DESC),
+    ("resume", RESUME_DESC), ("rounds", ROUNDS_DESC), ("timing_rounds", TIMING_ROUNDS_DESC),
+    ("timing_max_rounds", MAX_ROUNDS_DESC), ("timing_precision", PRECISION_DESC),
+    ("reps", REPS_DESC), ("warmup", WARMUP_DESC),
     ("budget", BUDGET_DESC), ("max_reps", MAX_REPS_DESC),
     ("keep", KEEP_DESC), ("shared_node", SHARED_NODE_DESC), ("unsandboxed", UNSANDBOXED_DESC),
     ("base_url", BASE_URL_DESC), ("models_file", MODELS_FILE_DESC),
@@ -157,7 +161,7 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
     state = config.stash[STATE]
     lines = [
         f"commbench: model={state.model.name} platform={state.platform.name} "
-        f"seed={state.seed} rounds={state.rounds}-{max(state.rounds, state.max_rounds)} "
+        f"seed={state.seed} timing rounds={state.rounds}-{max(state.rounds, state.max_rounds)} "
         f"(precision {state.precision:g}) reps={state.reps}",
         f"commbench: results log {state.log.path}",
     ]

@@ -61,6 +61,7 @@ class Settings:
     sandbox: bool = True  # jobs in namespaces (False: --commbench-unsandboxed)
     hide: tuple[Path, ...] = ()  # more trees no job may see (the runs root, the project)
     wall_s: float = 2.5  # seconds per case and job the observer may spend on repetitions
+    refine_rounds: int = 1  # model generations per task at most (refinement rounds)
 
 
 @dataclass
@@ -81,7 +82,67 @@ class InfraError(Exception):
 
 def run_candidate(task: Task, world: int, candidate: Candidate, platform: Platform,
                   settings: Settings) -> dict[str, Any]:
-    """Return the result record (without run-level fields) for one item."""
+    """Return the result record (without run-level fields) for one item. With refinement
+    rounds (a model that can be asked again), a failure or a pass slower than the reference
+    is fed back and the model answers again, up to `settings.refine_rounds` times; the
+    record is the best passing round's (else the last), with every round's tokens and cost,
+    the round that first passed and each round's verdict."""
+    started = time.time()
+    rounds = settings.refine_rounds if candidate.refine is not None else 1
+    history: list[dict[str, Any]] = []
+    best: dict[str, Any] | None = None
+    record: dict[str, Any] = {}
+    tokens_in = tokens_out = 0
+    cost = 0.0
+    for rnd in range(1, rounds + 1):
+        if rnd == 1:
+            attempt = candidate
+        else:
+            feedback, previous = _feedback(record), record.get("_reply", "")
+            attempt = Candidate(candidate.id, candidate.kind,
+                                lambda r=rnd, f=feedback, p=previous: candidate.refine(r, p, f))
+        record = _attempt(task, world, attempt, platform, settings)
+        tokens_in += record["tokens_in"]
+        tokens_out += record["tokens_out"]
+        cost += record["cost"] or 0.0
+        history.append({"round": rnd, "verdict": record["verdict"],
+                        "speedup": record.get("speedup"), "message": record["message"][:300]})
+        if record["verdict"] == "pass":
+            if best is None or (record.get("speedup") or 0) > (best.get("speedup") or 0):
+                best = record
+            if record.get("speedup") is None or record["speedup"] >= 1.0:
+                break
+        elif record["verdict"] == "infra_error":
+            break  # an outage or a broken reference: asking again would not help
+    final = best or record
+    final.pop("_reply", None)
+    final.update(tokens_in=tokens_in, tokens_out=tokens_out, cost=cost, rounds=len(history),
+                 duration_s=round(time.time() - started, 3))
+    if candidate.refine is not None:
+        first = next((h["round"] for h in history if h["verdict"] == "pass"), None)
+        final.update(round=first, round_history=history)
+    return final
+
+
+def _feedback(record: dict[str, Any]) -> str:
+    """What the next round is told about the last: the verdict and its evidence, or the
+    per-size speedups of a pass. Never anything of the reference or the seed."""
+    if record["verdict"] == "pass":
+        sizes = ", ".join(f"count {s['count']}: {s['speedup']:.2f}x" for s in record["sizes"]
+                          if s.get("speedup") is not None)
+        return (f"verdict: pass, but slower than the expert solution: speedup "
+                f"{record.get('speedup') or 0:.3f} overall ({sizes}). Make it faster, "
+                "keeping it correct.")
+    parts = [f"verdict: {record['verdict']}", record["message"]]
+    if record.get("detail"):
+        parts.append(record["detail"][-3000:])
+    if record.get("output"):
+        parts.append("output (tail):\n" + record["output"][-2000:])
+    return "\n".join(p for p in parts if p)
+
+
+def _attempt(task: Task, world: int, candidate: Candidate, platform: Platform,
+             settings: Settings) -> dict[str, Any]:
     started = time.time()
     record: dict[str, Any] = {
         "verdict": None, "message": "", "detail": "", "speedup": None, "sizes": [],
@@ -125,7 +186,7 @@ def _produce(candidate: Candidate) -> Reply:
 def _run(task, world, candidate, platform, settings, record) -> None:
     reply = _produce(candidate)
     record.update(tokens_in=reply.tokens_in, tokens_out=reply.tokens_out, cost=reply.cost,
-                  rounds=reply.rounds)
+                  rounds=reply.rounds, _reply=reply.text or "")
     if reply.infra_error:
         raise InfraError(f"the model source failed: {reply.infra_error}")
     template = task.template.read_text(encoding="utf-8")

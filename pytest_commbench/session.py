@@ -36,9 +36,10 @@ DEFAULTS = {
     "runs_dir": ".commbench/runs",
     "scratch": None,
     "resume": None,
-    "rounds": 2,
-    "max_rounds": 6,
-    "precision": 0.03,
+    "rounds": 1,
+    "timing_rounds": 2,
+    "timing_max_rounds": 6,
+    "timing_precision": 0.03,
     "reps": 10,
     "warmup": 2,
     "budget": 0.25,
@@ -106,7 +107,8 @@ PARSERS: dict[str, Callable[[str], Any]] = {
     "model": _text, "platform": _text, "runs_dir": _text, "scratch": _text, "resume": _text,
     "references": _text, "suites": _text,
     "seed": _integer, "timeout": seconds, "rounds": positive_count,
-    "max_rounds": positive_count, "precision": fraction, "reps": count, "warmup": count,
+    "timing_rounds": positive_count, "timing_max_rounds": positive_count,
+    "timing_precision": fraction, "reps": count, "warmup": count,
     "budget": nonnegative_seconds, "max_reps": count,
     "keep": _flag, "shared_node": _flag, "unsandboxed": _flag,
     "base_url": _text, "models_file": _text, "regenerate": _flag, "request_timeout": seconds,
@@ -199,9 +201,10 @@ class CommbenchState:
     work_dir: Path  # items' scratch directories (inputs, outputs, jobs)
     references: Path
     suites: Path
-    rounds: int
+    rounds: int  # timing rounds (--commbench-timing-rounds)
     max_rounds: int
     precision: float
+    refine_rounds: int  # refinement rounds: model generations per task (--commbench-rounds)
     reps: int
     warmup: int
     budget: float
@@ -381,9 +384,10 @@ def create(config: pytest.Config) -> CommbenchState:
         work_dir=work_dir,
         references=root / setting(config, "references"),
         suites=root / setting(config, "suites"),
-        rounds=int(setting(config, "rounds")),
-        max_rounds=int(setting(config, "max_rounds")),
-        precision=float(setting(config, "precision")),
+        rounds=int(setting(config, "timing_rounds")),
+        max_rounds=int(setting(config, "timing_max_rounds")),
+        precision=float(setting(config, "timing_precision")),
+        refine_rounds=int(setting(config, "rounds")),
         reps=reps,
         warmup=int(setting(config, "warmup")),
         budget=float(setting(config, "budget")),

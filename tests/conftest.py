@@ -16,8 +16,8 @@ TASK = "collective/ring_allreduce"
 # quick settings: the tests check the pipeline, not the numbers
 INI = """[pytest]
 commbench_runs_dir = runs
-commbench_rounds = 1
-commbench_max_rounds = 1
+commbench_timing_rounds = 1
+commbench_timing_max_rounds = 1
 commbench_reps = 3
 commbench_budget = 0
 commbench_warmup = 1

@@ -239,7 +239,7 @@ def _run(name: str, spec: dict, runs: Path, extra: dict) -> tuple[dict | None, s
     env.update({str(k): str(v) for k, v in extra.get("env", {}).items()})
     cmd = [sys.executable, "-m", "pytest", str(SUITES), "-p", "no:cacheprovider",
            "--platform=cpu", f"--commbench-model=dir:{CHEATS / name}",
-           "-k", task.rsplit("/", 1)[-1], "--commbench-max-rounds=2",
+           "-k", task.rsplit("/", 1)[-1], "--commbench-timing-max-rounds=2",
            f"--commbench-runs-dir={runs}", *map(str, extra.get("args", ()))]
     logs_before = set(runs.glob("*/results.jsonl"))
     done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True,

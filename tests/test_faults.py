@@ -235,9 +235,9 @@ def test_an_existing_empty_dir_model_is_no_solution(bench, tmp_path):
     ({"COMMBENCH_MODEL": "nobody"}, "", "COMMBENCH_MODEL='nobody' (environment): unknown model"),
     ({"COMMBENCH_TIMEOUT": "0"}, "", "COMMBENCH_TIMEOUT='0' (environment): expected seconds > 0"),
     ({"COMMBENCH_TIMEOUT": "nan"}, "", "expected seconds"),
-    ({}, "commbench_rounds = 0", "commbench_rounds = '0' (ini file"),
+    ({}, "commbench_timing_rounds = 0", "commbench_timing_rounds = '0' (ini file"),
     ({}, "commbench_reps = -3", "expected a whole number >= 0, got -3"),
-    ({}, "commbench_precision = lots", "expected a fraction, got 'lots'"),
+    ({}, "commbench_timing_precision = lots", "expected a fraction, got 'lots'"),
     ({"COMMBENCH_SEED": "x12"}, "", "COMMBENCH_SEED='x12' (environment): expected an integer"),
     ({"COMMBENCH_KEEP": "maybe"}, "", "expected true or false"),
     ({"COMMBENCH_RESUME": "no-such-run"}, "", "no run 'no-such-run' to resume"),
@@ -259,8 +259,8 @@ def test_environment_and_ini_values_are_checked_like_the_command_line(bench, mon
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--commbench-rounds=0"], "--commbench-rounds: expected a whole number >= 1, got 0"),
-    (["--commbench-max-rounds=x"], "--commbench-max-rounds: expected a whole number, got 'x'"),
+    (["--commbench-timing-rounds=0"], "--commbench-timing-rounds: expected a whole number >= 1, got 0"),
+    (["--commbench-timing-max-rounds=x"], "--commbench-timing-max-rounds: expected a whole number, got 'x'"),
     (["--commbench-budget=-1"], "--commbench-budget: expected seconds >= 0"),
     (["--platform="], "--platform: expected a value"),
 ])

@@ -115,7 +115,7 @@ def test_a_gpu_cheat_is_rejected(bench, cheat):
     spec = tomllib.loads((CHEATS / cheat / "cheat.toml").read_text())
     bench.add_task(spec["task"], ranks=2, sizes=spec.get("sizes"))
     result = bench.run("--platform=auto", f"--commbench-model=dir:{CHEATS / cheat}",
-                       "--commbench-max-rounds=1", "--commbench-rounds=1")
+                       "--commbench-timing-max-rounds=1", "--commbench-timing-rounds=1")
     (record,) = bench.records()
     assert record["verdict"] in spec["expect"], (record["verdict"], record["message"],
                                                  result.stdout.str()[-2000:])

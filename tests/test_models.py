@@ -182,3 +182,39 @@ def test_an_unknown_or_broken_model_name_is_a_usage_error(bench, tmp_path):
     bad.write_text("[models.x]\nprovider = 1\n")
     result = bench.run("--commbench-model=x", f"--commbench-models-file={bad}")
     assert result.ret != 0 and "models.x" in result.stderr.str()
+
+
+def test_refinement_rounds_feed_the_verdict_back_and_price_every_round(bench, monkeypatch,
+                                                                       tmp_path):
+    """Wrong first (the template raises), right second: the task passes in round 2, the
+    second request carries the first verdict and its evidence, both rounds are priced, and a
+    second invocation on the same runs dir asks nothing and gives the same verdict."""
+    pytest.importorskip("openai")
+    bench.add_task(TASK, ranks=2)
+    monkeypatch.setenv("OPENAI_API_KEY", "test-key")
+    models = tmp_path / "models.toml"
+    models.write_text('[models.scripted]\nprovider = "openai"\nmodel = "coder"\n'
+                      'price_in = 1.0\nprice_out = 2.0\n')
+    script = [{"text": f"```python\n{TEMPLATE}```", "usage": {"in": 1000, "out": 500}},
+              {"text": _region(REF), "usage": {"in": 3000, "out": 500}}]
+    args = ["--commbench-model=scripted", f"--commbench-models-file={models}",
+            "--commbench-rounds=3", "--junitxml=out.xml"]
+    with _servers().ScriptedServer("openai", script) as srv:
+        bench.run(*args, f"--commbench-base-url={srv.base_url}")
+        requests = list(srv.requests)
+    record = _only(bench)
+    assert record["verdict"] == "pass" and record["round"] == 2, record
+    assert [h["verdict"] for h in record["round_history"]][:2] == ["runtime_error", "pass"]
+    second = requests[1]["body"]["messages"][-1]["content"]
+    assert "verdict: runtime_error" in second and "NotImplementedError" in second
+    assert "Round 2" in second and TEMPLATE.splitlines()[-2].strip() in second
+    rounds = len(requests)  # 2, or 3 where round 2 passed slower than the reference
+    assert record["rounds"] == rounds
+    want = (1000 * 1 + 500 * 2 + 3000 * 1 + 500 * 2 + (rounds - 2) * (3000 + 1000)) / 1e6
+    assert record["cost"] == pytest.approx(want)
+    assert 'name="commbench.round" value="2"' in (bench.root / "out.xml").read_text()
+    with _servers().ScriptedServer("openai", [{"status": 500}]) as srv:
+        bench.run(*args, f"--commbench-base-url={srv.base_url}")
+        assert srv.requests == []
+    again = [r for r in bench.records() if r["nodeid"] == NODE][-1]
+    assert again["verdict"] == "pass" and again["round"] == 2

@@ -125,19 +125,19 @@ def test_a_slower_solution_gets_a_speedup_below_one(bench):
 def test_rounds_are_added_while_the_speedup_is_imprecise_up_to_the_maximum(bench):
     bench.add_task(ranks=2)
     # nothing is ever precise enough: every round up to the maximum runs
-    bench.run("--commbench-rounds=2", "--commbench-max-rounds=3",
-              "--commbench-precision=0").assert_outcomes(passed=1)
+    bench.run("--commbench-timing-rounds=2", "--commbench-timing-max-rounds=3",
+              "--commbench-timing-precision=0").assert_outcomes(passed=1)
     (record,) = bench.records()
     assert record["timing_rounds"] == 3
     assert all(len(s["jobs_ref_us"]) == len(s["jobs_sol_us"]) == 3 for s in record["sizes"])
     assert record["speedup_se"] > 0
     # any uncertainty is precise enough: the minimum
-    bench.run("--commbench-rounds=2", "--commbench-max-rounds=3",
-              "--commbench-precision=100").assert_outcomes(passed=1)
+    bench.run("--commbench-timing-rounds=2", "--commbench-timing-max-rounds=3",
+              "--commbench-timing-precision=100").assert_outcomes(passed=1)
     record = bench.records()[-1]
     assert record["timing_rounds"] == 2 and len(record["sizes"][0]["jobs_sol_us"]) == 2
     # shown in the terminal table and in the JUnit properties
-    result = bench.run("--commbench-rounds=2", "--commbench-max-rounds=2", "--junitxml=j.xml")
+    result = bench.run("--commbench-timing-rounds=2", "--commbench-timing-max-rounds=2", "--junitxml=j.xml")
     result.stdout.fnmatch_lines(["*+/-*rounds*", "*ring_allreduce*pass*%*2*"])
     assert 'name="commbench.timing_rounds" value="2"' in (bench.root / "j.xml").read_text()
 
@@ -331,7 +331,7 @@ def test_an_item_that_never_finished_shows_as_aborted(tmp_path):
     (["--platform=abacus"], "unknown platform 'abacus'"),
     (["--commbench-seed=abc"], "expected an integer"),
     (["--commbench-timeout=0"], "expected seconds > 0"),
-    (["--commbench-precision=-0.1"], "expected a fraction >= 0"),
+    (["--commbench-timing-precision=-0.1"], "expected a fraction >= 0"),
 ])
 def test_bad_options_are_usage_errors(bench, args, message):
     bench.add_task()

@@ -45,22 +45,29 @@ class ApiModel(Model):
 
     def candidates(self, task: Task, references: Path) -> list[Candidate]:
         # the references root is the built-in models' alone: never read here
-        return [Candidate("", "solution", lambda: self.generate(task, sample=0, round_=1))]
+        return [Candidate("", "solution", lambda: self.generate(task, sample=0, round_=1),
+                          refine=lambda r, previous, feedback: self.generate(
+                              task, sample=0, round_=r, previous=previous, feedback=feedback))]
 
     def folder(self, task: Task, runs_dir: Path, sample: int, round_: int) -> Path:
-        return (runs_dir / "replies" / _safe(self.name) / task.relpath / f"s{sample}"
-                / f"r{round_}")
+        """One answer per task, sample and round: every world size of the task is judged on
+        it (a later round's answer is asked with the feedback of the first item of the task
+        that needs it, and reused by the others and by later runs)."""
+        return runs_dir / "replies" / _safe(self.name) / task.relpath / f"s{sample}" / f"r{round_}"
 
-    def generate(self, task: Task, sample: int, round_: int) -> Reply:
+    def generate(self, task: Task, sample: int, round_: int, previous: str = "",
+                 feedback: str = "") -> Reply:
         w = self._where()
         folder = self.folder(task, Path(w["runs_dir"]), sample, round_)
         folder.mkdir(parents=True, exist_ok=True)
-        with open(folder.parent / f".r{round_}.lock", "w") as lock:
+        with open(folder.parent / f".{folder.name}.lock", "w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)  # one request per task, whatever the workers
             kept = None if w.get("regenerate") else _load(folder)
             if kept is not None:
                 return kept
             text = prompts.build(task, w.get("fingerprint", {}))
+            if round_ > 1:
+                text += prompts.refinement(task, round_, previous, feedback)
             (folder / "prompt.md").write_text(text, encoding="utf-8")
             started = time.time()
             got = ask(self.spec, text, w.get("base_url"), float(w.get("timeout_s", 600)))

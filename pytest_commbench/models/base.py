@@ -32,6 +32,8 @@ class Candidate:
     id: str  # "" for the model's own solution, else e.g. the mutant's name
     kind: str  # "solution": must pass; "mutant": must be rejected
     produce: Callable[[], Reply]
+    # refinement (models that can be asked again): (round, previous reply, feedback) -> Reply
+    refine: Callable[[int, str, str], Reply] | None = None
 
 
 class Model:

@@ -45,3 +45,22 @@ fenced code block, or with only the regions, each with its two marker lines and 
 between them. Anything changed outside the regions is rejected, and so are calls the task
 forbids.
 """
+
+
+def refinement(task: Task, round_: int, previous: str, feedback: str) -> str:
+    """What a later round adds: the previous answer and what the harness said about it."""
+    return f"""
+## Round {round_}: your previous answer and what the harness found
+
+Your previous answer (round {round_ - 1}):
+
+{previous.strip() or '(empty)'}
+
+The harness's verdict on it:
+
+```
+{feedback.strip()}
+```
+
+Answer again, in the same form: correct first, then fast.
+"""
