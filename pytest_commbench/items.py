@@ -232,7 +232,7 @@ def describe(record: dict[str, Any], headline: str) -> str:
 
 SUMMARY_KEYS = ("nodeid", "task", "title", "category", "library", "difficulty", "setup", "world",
                 "model", "candidate", "kind", "verdict", "message", "speedup", "speedup_se",
-                "timing_rounds", "band", "sizes", "rounds", "round",
+                "timing_rounds", "band", "sizes", "rounds", "round", "round_history",
                 "cost", "tokens_in", "tokens_out", "seed", "run")
 
 

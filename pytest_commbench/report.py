@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 from tabulate import tabulate
 
-from .scoring import MUTANT_UNJUDGED, band, breakdown, score
+from .scoring import MUTANT_UNJUDGED, NOT_APPLICABLE, band, breakdown, score
 
 WriteLine = Callable[[str], None]
 WriteSep = Callable[[str, str], None]
@@ -39,6 +39,24 @@ def _score_rows(groups) -> list[list[str]]:
              _num(s.gm_speedup), _num(s.pass_x_gm)] for name, s in groups]
 
 
+def passes_by_round(records: list[dict]) -> list[tuple[int, int]]:
+    """Cumulative task passes after each refinement round (the paper's Table 3); empty where
+    no record went through rounds. A task passes in round r when every applicable world size
+    had passed by then."""
+    rounds = max((len(r.get("round_history") or []) for r in records), default=0)
+    if rounds == 0:
+        return []
+    tasks: dict[tuple, list[dict]] = {}
+    for r in records:
+        if r["verdict"] not in NOT_APPLICABLE:
+            tasks.setdefault((r.get("task"), r.get("candidate", "")), []).append(r)
+    out = []
+    for n in range(1, rounds + 1):
+        out.append((n, sum(1 for items in tasks.values() if all(
+            r.get("round") is not None and r["round"] <= n for r in items))))
+    return out
+
+
 def render(records: list[dict], write_line: WriteLine, write_sep: WriteSep,
            header: str = "commbench") -> None:
     solutions = [r for r in records if r.get("kind", "solution") == "solution"]
@@ -68,6 +86,10 @@ def render(records: list[dict], write_line: WriteLine, write_sep: WriteSep,
             f"Price {'-' if s.price is None else f'${s.price:.4f}'}/task"
             + (f"   ({s.not_applicable} not applicable)" if s.not_applicable else "")
         )
+        by_round = passes_by_round(solutions)
+        if by_round:
+            write_line("tasks passed by refinement round (cumulative): " + ", ".join(
+                f"r{r}: {n}" for r, n in by_round) + f" of {s.applicable}")
         headers = ["", "tasks", "pass", "Pass Rate", "PASS+Good", "GM-Speedup", "Pass x GM"]
         for key in ("difficulty", "category", "library"):
             write_line("")

@@ -3,6 +3,8 @@
 - per size: speedup s = perf_solution / perf_reference (latency inverted)
 - per task: geometric mean over sizes; band Better s >= 1.20, Comparable 0.95 <= s < 1.20,
   Degraded 0.60 <= s < 0.95, Severely degraded s < 0.60
+- a task (one model answer judged at every world size the platform runs) passes when every
+  applicable world size passes; its speedup is the geometric mean over them
 - Pass Rate = passes / applicable tasks; PASS+Good = passes with s >= 0.95 / applicable
 - GM-Speedup = geometric mean of task speedups over passing tasks with a metric
 - Pass x GM = Pass Rate x GM-Speedup (the ranking metric); Price = mean cost per task
@@ -54,9 +56,43 @@ class Scores:
     price: float | None
 
 
+def per_task(records: Iterable[dict]) -> list[dict]:
+    """One record per task (and candidate) from its items' records, one per world size: the
+    paper scores tasks, not world sizes. Not applicable when no world size is; else it passes
+    when every applicable world size passed (its verdict is otherwise the first failing
+    one's), its speedup is the geometric mean of theirs, its cost the sum (an answer's cost is
+    counted by the item that asked for it)."""
+    groups: dict[tuple, list[dict]] = {}
+    for r in records:
+        key = r.get("task") or r.get("nodeid") or id(r)  # a record of no task: its own
+        groups.setdefault((key, r.get("candidate", "")), []).append(r)
+    out = []
+    for items in groups.values():
+        if len(items) == 1:
+            out.append(items[0])
+            continue
+        applicable = [r for r in items if r["verdict"] not in NOT_APPLICABLE]
+        first = (applicable or items)[0]
+        failing = [r for r in applicable if r["verdict"] != "pass"]
+        task = dict(first)
+        task["worlds"] = sorted(r.get("world") for r in items if r.get("world") is not None)
+        task["cost"] = sum(float(r.get("cost") or 0.0) for r in items)
+        if not applicable:
+            out.append(task)
+            continue
+        if failing:
+            task.update(verdict=failing[0]["verdict"], message=failing[0].get("message", ""),
+                        speedup=None)
+        else:
+            task.update(verdict="pass", speedup=geomean(r.get("speedup") for r in applicable))
+        out.append(task)
+    return out
+
+
 def score(records: Iterable[dict]) -> Scores:
-    """Scores over solution records (mutant records are the checker's test, not a model's)."""
-    recs = [r for r in records if r.get("kind", "solution") == "solution"]
+    """Scores over solution records (mutant records are the checker's test, not a model's),
+    task by task (`per_task`)."""
+    recs = per_task(r for r in records if r.get("kind", "solution") == "solution")
     applicable = [r for r in recs if r["verdict"] not in NOT_APPLICABLE]
     passes = [r for r in applicable if r["verdict"] == "pass"]
     good = [r for r in passes if r.get("speedup") is not None and r["speedup"] >= GOOD]

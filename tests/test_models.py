@@ -200,7 +200,7 @@ def test_refinement_rounds_feed_the_verdict_back_and_price_every_round(bench, mo
     args = ["--commbench-model=scripted", f"--commbench-models-file={models}",
             "--commbench-rounds=3", "--junitxml=out.xml"]
     with _servers().ScriptedServer("openai", script) as srv:
-        bench.run(*args, f"--commbench-base-url={srv.base_url}")
+        result = bench.run(*args, f"--commbench-base-url={srv.base_url}")
         requests = list(srv.requests)
     record = _only(bench)
     assert record["verdict"] == "pass" and record["round"] == 2, record
@@ -213,6 +213,7 @@ def test_refinement_rounds_feed_the_verdict_back_and_price_every_round(bench, mo
     want = (1000 * 1 + 500 * 2 + 3000 * 1 + 500 * 2 + (rounds - 2) * (3000 + 1000)) / 1e6
     assert record["cost"] == pytest.approx(want)
     assert 'name="commbench.round" value="2"' in (bench.root / "out.xml").read_text()
+    assert "tasks passed by refinement round (cumulative): r1: 0, r2: 1" in result.stdout.str()
     with _servers().ScriptedServer("openai", [{"status": 500}]) as srv:
         bench.run(*args, f"--commbench-base-url={srv.base_url}")
         assert srv.requests == []

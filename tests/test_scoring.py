@@ -81,3 +81,26 @@ def test_an_item_that_started_and_never_ended_counts_as_a_failure():
     assert s.applicable == 2 and s.passes == 1 and s.not_applicable == 2
     assert s.pass_rate == pytest.approx(0.5)
     assert "aborted" not in scoring.NOT_APPLICABLE
+
+
+def test_a_task_is_scored_once_over_its_world_sizes():
+    from pytest_commbench.scoring import per_task, score
+
+    def rec(task, world, verdict, speedup=None, cost=0.0):
+        return {"task": task, "world": world, "verdict": verdict, "speedup": speedup,
+                "cost": cost, "kind": "solution", "candidate": ""}
+
+    records = [rec("a", 2, "pass", 2.0, cost=0.5), rec("a", 4, "pass", 0.5),   # GM 1.0
+               rec("b", 2, "pass", 1.0), rec("b", 4, "wrong_answer"),          # fails
+               rec("c", 2, "pass", 1.5), rec("c", 8, "skipped"),                # 8 GPUs absent
+               rec("d", 2, "infra_error"), rec("d", 4, "skipped")]              # not applicable
+    tasks = {t["task"]: t for t in per_task(records)}
+    assert tasks["a"]["verdict"] == "pass" and tasks["a"]["speedup"] == pytest.approx(1.0)
+    assert tasks["a"]["cost"] == 0.5 and tasks["a"]["worlds"] == [2, 4]
+    assert tasks["b"]["verdict"] == "wrong_answer" and tasks["b"]["speedup"] is None
+    assert tasks["c"]["verdict"] == "pass" and tasks["c"]["speedup"] == 1.5
+    s = score(records)
+    assert (s.applicable, s.passes, s.not_applicable) == (3, 2, 1)
+    assert s.pass_rate == pytest.approx(2 / 3)
+    assert s.gm_speedup == pytest.approx(1.5 ** 0.5)
+    assert s.price == pytest.approx(0.5 / 3)
