@@ -263,6 +263,32 @@ def cmd_models(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_export(args: argparse.Namespace) -> int:
+    """A model's kept answers as the `dir:` layout: for every task, the last round's reply of
+    sample 0 (or --sample) as DIR/<category>/<task>/reply.md, so another machine (the GPU
+    one) judges exactly these answers with --commbench-model=dir:DIR."""
+    import shutil
+
+    root = Path(args.replies)
+    if not root.is_dir():
+        print(f"commbench export: no folder {root}", file=sys.stderr)
+        return 2
+    written = 0
+    for sample in sorted(root.glob(f"*/*/s{args.sample}")):
+        rounds = sorted((d for d in sample.glob("r*") if (d / "reply.md").is_file()),
+                        key=lambda d: int(d.name[1:]))
+        if not rounds:
+            continue
+        task = sample.parent.relative_to(root)
+        out = Path(args.dir) / task
+        out.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(rounds[-1] / "reply.md", out / "reply.md")
+        written += 1
+        print(f"{task}: {rounds[-1].name}")
+    print(f"commbench export: {written} tasks written to {args.dir}")
+    return 0 if written else 1
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="commbench", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -297,6 +323,11 @@ def main(argv: list[str] | None = None) -> int:
     mdl.add_argument("--file", help="a user registry file to overlay (as the ini key "
                                     "commbench_models_file)")
     mdl.set_defaults(func=cmd_models)
+    exp = sub.add_parser("export", help="a model's kept answers as a dir: folder")
+    exp.add_argument("replies", help="<runs>/replies/<model>")
+    exp.add_argument("dir")
+    exp.add_argument("--sample", type=int, default=0)
+    exp.set_defaults(func=cmd_export)
     tsk = sub.add_parser("tasks", help="list the tasks of a suites folder")
     tsk.add_argument("suites", nargs="?", default="suites")
     tsk.set_defaults(func=cmd_tasks)

@@ -145,7 +145,7 @@ class TaskItem(pytest.Item):
             reps=state.reps, max_reps=state.max_reps, budget_s=state.budget,
             warmup=state.warmup, timeout=state.timeout, keep=state.keep,
             exclusive=state.exclusive, sandbox=state.sandboxed, hide=state.hidden,
-            refine_rounds=state.refine_rounds,
+            refine_rounds=state.refine_rounds, budget_usd=state.budget_usd,
         )
         for _attempt in range(1 + INFRA_RETRIES):
             result = run_candidate(self.task, self.world, self.candidate, state.platform, settings)

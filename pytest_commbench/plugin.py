@@ -47,6 +47,11 @@ MODELS_FILE_DESC = "a TOML file of models that extends or overrides the shipped 
 REGENERATE_DESC = ("ask the model again even where the runs directory keeps a reply for the "
                    "task (otherwise kept replies are reused and no request is sent)")
 REQUEST_TIMEOUT_DESC = "seconds one request to a model may take (default 900)"
+SAMPLES_DESC = ("independent answers per task (each an item, e.g. [np2-s1]); pass@k for every "
+                "k up to it in the summary (default 1)")
+TEMPERATURE_DESC = "sampling temperature (default: the registry's, else the provider's)"
+BUDGET_USD_DESC = ("US dollars a task's answers may cost: no further refinement round once "
+                   "spent (needs the model's prices)")
 MARKERS = {
     "commbench": "a pytest-commbench task item",
     "category_p2p": "", "category_collective": "", "category_ep": "", "category_fusion": "",
@@ -63,6 +68,7 @@ OPTIONS = [
     ("keep", KEEP_DESC), ("shared_node", SHARED_NODE_DESC), ("unsandboxed", UNSANDBOXED_DESC),
     ("base_url", BASE_URL_DESC), ("models_file", MODELS_FILE_DESC),
     ("regenerate", REGENERATE_DESC), ("request_timeout", REQUEST_TIMEOUT_DESC),
+    ("samples", SAMPLES_DESC), ("temperature", TEMPERATURE_DESC), ("budget_usd", BUDGET_USD_DESC),
 ]
 
 

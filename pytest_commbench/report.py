@@ -3,11 +3,20 @@ the `commbench report` command share it."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 
 from tabulate import tabulate
 
-from .scoring import MUTANT_UNJUDGED, NOT_APPLICABLE, band, breakdown, score
+from .scoring import (
+    MUTANT_UNJUDGED,
+    NOT_APPLICABLE,
+    band,
+    breakdown,
+    pass_at_k,
+    per_task,
+    score,
+)
 
 WriteLine = Callable[[str], None]
 WriteSep = Callable[[str, str], None]
@@ -37,6 +46,21 @@ def _task_rows(records: list[dict]) -> list[list[str]]:
 def _score_rows(groups) -> list[list[str]]:
     return [[name, s.applicable, s.passes, _pct(s.pass_rate), _pct(s.pass_good),
              _num(s.gm_speedup), _num(s.pass_x_gm)] for name, s in groups]
+
+
+def pass_at_ks(records: list[dict]) -> list[tuple[int, float]]:
+    """pass@k for every k up to the samples per task (unbiased estimator, mean over the
+    applicable tasks); empty where there was one sample per task."""
+    samples: dict[str, list[bool]] = {}
+    for t in per_task(records):
+        if re.fullmatch(r"s\d+", str(t.get("candidate", ""))) and \
+                t["verdict"] not in NOT_APPLICABLE:
+            samples.setdefault(t.get("task"), []).append(t["verdict"] == "pass")
+    if not samples:
+        return []
+    most = min(len(v) for v in samples.values())
+    return [(k, sum(pass_at_k(len(v), sum(v), k) for v in samples.values()) / len(samples))
+            for k in range(1, most + 1)]
 
 
 def passes_by_round(records: list[dict]) -> list[tuple[int, int]]:
@@ -86,6 +110,10 @@ def render(records: list[dict], write_line: WriteLine, write_sep: WriteSep,
             f"Price {'-' if s.price is None else f'${s.price:.4f}'}/task"
             + (f"   ({s.not_applicable} not applicable)" if s.not_applicable else "")
         )
+        ks = pass_at_ks(solutions)
+        if ks:
+            write_line("pass@k over the samples: " + ", ".join(
+                f"pass@{k} {_pct(v)}" for k, v in ks))
         by_round = passes_by_round(solutions)
         if by_round:
             write_line("tasks passed by refinement round (cumulative): " + ", ".join(

@@ -62,6 +62,7 @@ class Settings:
     hide: tuple[Path, ...] = ()  # more trees no job may see (the runs root, the project)
     wall_s: float = 2.5  # seconds per case and job the observer may spend on repetitions
     refine_rounds: int = 1  # model generations per task at most (refinement rounds)
+    budget_usd: float | None = None  # ... and none once the task's answers cost this much
 
 
 @dataclass
@@ -114,6 +115,8 @@ def run_candidate(task: Task, world: int, candidate: Candidate, platform: Platfo
                 break
         elif record["verdict"] == "infra_error":
             break  # an outage or a broken reference: asking again would not help
+        if settings.budget_usd is not None and cost >= settings.budget_usd:
+            break  # the task's budget is spent (the paper's cost-matched comparison)
     final = best or record
     final.pop("_reply", None)
     final.update(tokens_in=tokens_in, tokens_out=tokens_out, cost=cost, rounds=len(history),

@@ -51,6 +51,9 @@ DEFAULTS = {
     "models_file": None,
     "regenerate": False,
     "request_timeout": 900.0,
+    "samples": 1,
+    "temperature": None,
+    "budget_usd": None,
     "references": "references",
     "suites": "suites",
 }
@@ -112,6 +115,8 @@ PARSERS: dict[str, Callable[[str], Any]] = {
     "budget": nonnegative_seconds, "max_reps": count,
     "keep": _flag, "shared_node": _flag, "unsandboxed": _flag,
     "base_url": _text, "models_file": _text, "regenerate": _flag, "request_timeout": seconds,
+    "samples": positive_count, "temperature": _number(float, 0, True, "a temperature"),
+    "budget_usd": _number(float, 0, False, "US dollars"),
 }
 #: options given on the command line as a flag, with no value
 FLAGS = ("keep", "shared_node", "unsandboxed", "regenerate")
@@ -205,6 +210,7 @@ class CommbenchState:
     max_rounds: int
     precision: float
     refine_rounds: int  # refinement rounds: model generations per task (--commbench-rounds)
+    budget_usd: float | None  # no further rounds once a task's answers cost this much
     reps: int
     warmup: int
     budget: float
@@ -388,6 +394,7 @@ def create(config: pytest.Config) -> CommbenchState:
         max_rounds=int(setting(config, "timing_max_rounds")),
         precision=float(setting(config, "timing_precision")),
         refine_rounds=int(setting(config, "rounds")),
+        budget_usd=setting(config, "budget_usd"),
         reps=reps,
         warmup=int(setting(config, "warmup")),
         budget=float(setting(config, "budget")),

@@ -219,3 +219,46 @@ def test_refinement_rounds_feed_the_verdict_back_and_price_every_round(bench, mo
         assert srv.requests == []
     again = [r for r in bench.records() if r["nodeid"] == NODE][-1]
     assert again["verdict"] == "pass" and again["round"] == 2
+
+
+def test_samples_are_items_of_their_own_and_pass_at_k_is_reported(bench, monkeypatch):
+    """Three independent answers (one wrong): three items, pass@1 2/3, pass@2 and pass@3 1;
+    each request carries the registry's or the command line's temperature."""
+    result, requests = _run(bench, monkeypatch, "openai",
+                            [{"text": _region(REF)}, {"text": "no code"},
+                             {"text": _region(REF)}],
+                            "--commbench-samples=3", "--commbench-temperature=0.7",
+                            "-p", "no:randomly")
+    verdicts = sorted(r["verdict"] for r in bench.records())
+    assert verdicts == ["no_solution", "pass", "pass"]
+    assert sorted(r["candidate"] for r in bench.records()) == ["s0", "s1", "s2"]
+    assert len(requests) == 3 and all(r["body"]["temperature"] == 0.7 for r in requests)
+    result.stdout.fnmatch_lines(["*pass@k over the samples: pass@1 66.7%, pass@2 100.0%, "
+                                 "pass@3 100.0%*"])
+
+
+def test_a_spent_budget_stops_the_rounds(bench, monkeypatch, tmp_path):
+    pytest.importorskip("openai")
+    bench.add_task(TASK, ranks=2)
+    monkeypatch.setenv("OPENAI_API_KEY", "test-key")
+    models = tmp_path / "models.toml"
+    models.write_text('[models.scripted]\nprovider = "openai"\nmodel = "coder"\n'
+                      'price_in = 1.0\nprice_out = 1.0\n')
+    # every answer is wrong and costs $0.01: a $0.015 budget allows two rounds of five
+    with _servers().ScriptedServer("openai", [{"text": "no code",
+                                               "usage": {"in": 5000, "out": 5000}}]) as srv:
+        bench.run("--commbench-model=scripted", f"--commbench-models-file={models}",
+                  "--commbench-rounds=5", "--commbench-budget-usd=0.015",
+                  f"--commbench-base-url={srv.base_url}")
+        assert len(srv.requests) == 2
+    record = _only(bench)
+    assert record["rounds"] == 2 and record["cost"] == pytest.approx(0.02)
+
+
+def test_kept_answers_export_to_the_dir_layout(bench, monkeypatch, tmp_path):
+    from pytest_commbench.cli import main
+
+    _run(bench, monkeypatch, "openai", [{"text": _region(REF)}])
+    out = tmp_path / "export"
+    assert main(["export", str(bench.root / "runs" / "replies" / "openai_coder"), str(out)]) == 0
+    assert (out / TASK / "reply.md").read_text() == _region(REF)

@@ -45,9 +45,12 @@ class ApiModel(Model):
 
     def candidates(self, task: Task, references: Path) -> list[Candidate]:
         # the references root is the built-in models' alone: never read here
-        return [Candidate("", "solution", lambda: self.generate(task, sample=0, round_=1),
-                          refine=lambda r, previous, feedback: self.generate(
-                              task, sample=0, round_=r, previous=previous, feedback=feedback))]
+        samples = int(self._where().get("samples", 1))
+        return [Candidate(f"s{k}" if samples > 1 else "", "solution",
+                          lambda k=k: self.generate(task, sample=k, round_=1),
+                          refine=lambda r, previous, feedback, k=k: self.generate(
+                              task, sample=k, round_=r, previous=previous, feedback=feedback))
+                for k in range(samples)]
 
     def folder(self, task: Task, runs_dir: Path, sample: int, round_: int) -> Path:
         """One answer per task, sample and round: every world size of the task is judged on
@@ -70,7 +73,11 @@ class ApiModel(Model):
                 text += prompts.refinement(task, round_, previous, feedback)
             (folder / "prompt.md").write_text(text, encoding="utf-8")
             started = time.time()
-            got = ask(self.spec, text, w.get("base_url"), float(w.get("timeout_s", 600)))
+            temperature = w.get("temperature")
+            if temperature is None and int(w.get("samples", 1)) > 1:
+                temperature = self.spec.temperature  # independent samples: the registry's
+            got = ask(self.spec, text, w.get("base_url"), float(w.get("timeout_s", 600)),
+                      temperature=temperature)
             if got.error:  # an outage: nothing kept, the next run asks again
                 return Reply(None, infra_error=got.error)
             cost = self.spec.cost(got.tokens_in, got.tokens_out)
@@ -112,8 +119,12 @@ def make_api_model(config, name: str) -> ApiModel | None:
         return None
 
     def where() -> dict[str, Any]:
-        state = config.stash[STATE]
+        state = config.stash.get(STATE, None)
+        if state is None:  # at collection: what the options say
+            return {"samples": setting(config, "samples")}
         return {"runs_dir": state.runs_dir, "base_url": setting(config, "base_url"),
+                "samples": setting(config, "samples"),
+                "temperature": setting(config, "temperature"),
                 "timeout_s": setting(config, "request_timeout"),
                 "regenerate": setting(config, "regenerate"),
                 "fingerprint": state.fingerprint}
