@@ -10,66 +10,14 @@ from .models.api import api_model_names, make_api_model
 from .models.builtin import BUILTIN_NAMES, make_builtin
 from .platforms import make as make_platform
 from .report import render
-from .session import FLAGS, STATE, create, flag_name, labelled
+from .session import OPTIONS, STATE, create, flag_name, labelled
 
-MODEL_DESC = "where solutions come from: reference, template, mutants, dir:PATH or a registered model"
-PLATFORM_DESC = "platform to run on: auto (default), cpu, h200, b300, gh200, mi325x or a registered one"
-SEED_DESC = "secret seed of the random inputs (default: a fresh one per run, printed)"
-TIMEOUT_DESC = "per-job deadline in seconds (default: the task manifest's timeout)"
-RUNS_DESC = "where result logs and scratch directories go (default .commbench/runs)"
-SCRATCH_DESC = ("where items' scratch directories (inputs, outputs) go instead of the runs "
-                "directory, e.g. a tmpfs such as /dev/shm for large sizes")
-RESUME_DESC = ("finish a killed run: RUN is its id under the runs directory or its directory; "
-               "items it finished are reported from its log, the rest run with its seed")
-ROUNDS_DESC = ("refinement rounds: after a failure, or a pass slower than the reference, the "
-               "model is asked again with the verdict and its evidence, up to this many "
-               "generations per task (default 1)")
-TIMING_ROUNDS_DESC = "interleaved reference/solution timing rounds per item, at least (default 2)"
-MAX_ROUNDS_DESC = ("at most this many timing rounds: they are added while the speedup is less "
-                   "precise than --commbench-timing-precision (default 6)")
-PRECISION_DESC = ("relative uncertainty of an item's speedup (standard error, from how much "
-                  "the jobs scatter, at its 90% upper bound for so few jobs) below which no "
-                  "more timing rounds are added (default 0.03)")
-REPS_DESC = "timed repetitions per size per job (default 10)"
-WARMUP_DESC = "untimed warm-up calls per size per job (default 2)"
-BUDGET_DESC = ("seconds of timed work per size per job; repetitions go on past --commbench-reps "
-               "until it is spent (default 0.25)")
-MAX_REPS_DESC = "at most this many timed repetitions per size per job (default 200)"
-KEEP_DESC = "keep the scratch directories of passing items too"
-SHARED_NODE_DESC = ("timed items lease only the GPUs they use instead of the whole node "
-                    "(faster with -n, but neighbours may disturb the numbers)")
-UNSANDBOXED_DESC = ("run jobs without their sandbox where namespaces are not available "
-                    "(recorded in every result's fingerprint; a solution can then reach the "
-                    "harness)")
-BASE_URL_DESC = ("endpoint of the model's server, in the form its SDK takes (OpenAI-compatible: "
-                 ".../v1; Anthropic: the host root); overrides the registry's")
-MODELS_FILE_DESC = "a TOML file of models that extends or overrides the shipped registry"
-REGENERATE_DESC = ("ask the model again even where the runs directory keeps a reply for the "
-                   "task (otherwise kept replies are reused and no request is sent)")
-REQUEST_TIMEOUT_DESC = "seconds one request to a model may take (default 900)"
-SAMPLES_DESC = ("independent answers per task (each an item, e.g. [np2-s1]); pass@k for every "
-                "k up to it in the summary (default 1)")
-TEMPERATURE_DESC = "sampling temperature (default: the registry's, else the provider's)"
-BUDGET_USD_DESC = ("US dollars a task's answers may cost: no further refinement round once "
-                   "spent (needs the model's prices)")
 MARKERS = {
     "commbench": "a pytest-commbench task item",
     "category_p2p": "", "category_collective": "", "category_ep": "", "category_fusion": "",
     "category_utility": "", "difficulty_easy": "", "difficulty_medium": "", "difficulty_hard": "",
     "setup_bare_metal": "", "setup_library_based": "",
 }
-OPTIONS = [
-    ("model", MODEL_DESC), ("platform", PLATFORM_DESC), ("seed", SEED_DESC),
-    ("timeout", TIMEOUT_DESC), ("runs_dir", RUNS_DESC), ("scratch", SCRATCH_DESC),
-    ("resume", RESUME_DESC), ("rounds", ROUNDS_DESC), ("timing_rounds", TIMING_ROUNDS_DESC),
-    ("timing_max_rounds", MAX_ROUNDS_DESC), ("timing_precision", PRECISION_DESC),
-    ("reps", REPS_DESC), ("warmup", WARMUP_DESC),
-    ("budget", BUDGET_DESC), ("max_reps", MAX_REPS_DESC),
-    ("keep", KEEP_DESC), ("shared_node", SHARED_NODE_DESC), ("unsandboxed", UNSANDBOXED_DESC),
-    ("base_url", BASE_URL_DESC), ("models_file", MODELS_FILE_DESC),
-    ("regenerate", REGENERATE_DESC), ("request_timeout", REQUEST_TIMEOUT_DESC),
-    ("samples", SAMPLES_DESC), ("temperature", TEMPERATURE_DESC), ("budget_usd", BUDGET_USD_DESC),
-]
 
 
 def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
@@ -78,9 +26,13 @@ def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("commbench", "GPU communication benchmark (pytest-commbench)")
-    for name, desc in OPTIONS:
+    for option in OPTIONS:
+        name, desc = option.name, option.help
+        if not option.cli:
+            parser.addini(f"commbench_{name}", desc)
+            continue
         text = desc.replace("%", "%%")  # argparse %-formats help texts
-        if name in FLAGS:
+        if option.flag:
             group.addoption(flag_name(name), dest=f"commbench_{name}", action="store_true",
                             help=text)
         else:
@@ -88,8 +40,6 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                             default=None, help=text,
                             **({"metavar": "RUN"} if name == "resume" else {}))
         parser.addini(f"commbench_{name}", desc)
-    parser.addini("commbench_references", "hidden references root (default: references)")
-    parser.addini("commbench_suites", "suites root, to name tasks by relative path (default: suites)")
 
 
 @pytest.hookimpl(trylast=True)

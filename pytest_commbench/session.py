@@ -30,33 +30,6 @@ from .results import ResultsLog, finished
 STATE = pytest.StashKey["CommbenchState"]()
 RUN_FILE = "run.json"
 
-DEFAULTS = {
-    "model": "reference",
-    "platform": "auto",
-    "runs_dir": ".commbench/runs",
-    "scratch": None,
-    "resume": None,
-    "rounds": 1,
-    "timing_rounds": 2,
-    "timing_max_rounds": 6,
-    "timing_precision": 0.03,
-    "reps": 10,
-    "warmup": 2,
-    "budget": 0.25,
-    "max_reps": 200,
-    "keep": False,
-    "shared_node": False,
-    "unsandboxed": False,
-    "base_url": None,
-    "models_file": None,
-    "regenerate": False,
-    "request_timeout": 900.0,
-    "samples": 1,
-    "temperature": None,
-    "budget_usd": None,
-    "references": "references",
-    "suites": "suites",
-}
 
 
 # -- parsing option values (the command line, the environment and ini files alike) ----------
@@ -105,21 +78,97 @@ seconds = _number(float, 0, False, "seconds")
 nonnegative_seconds = _number(float, 0, True, "seconds")
 fraction = _number(float, 0, True, "a fraction")
 
+@dataclass(frozen=True)
+class Option:
+    """One option: `--commbench-<name>` (or `--platform`), ini key `commbench_<name>`,
+    environment variable `COMMBENCH_<NAME>`; one parser for all three."""
+
+    name: str
+    parse: Callable[[str], Any]
+    default: Any
+    help: str
+    flag: bool = False  # given on the command line with no value
+    cli: bool = True  # False: an ini key (and environment variable) only
+
+
+MODEL_DESC = "where solutions come from: reference, template, mutants, dir:PATH or a registered model"
+PLATFORM_DESC = "platform to run on: auto (default), cpu, h200, b300, gh200, mi325x or a registered one"
+SEED_DESC = "secret seed of the random inputs (default: a fresh one per run, printed)"
+TIMEOUT_DESC = "per-job deadline in seconds (default: the task manifest's timeout)"
+RUNS_DESC = "where result logs and scratch directories go (default .commbench/runs)"
+SCRATCH_DESC = ("where items' scratch directories (inputs, outputs) go instead of the runs "
+                "directory, e.g. a tmpfs such as /dev/shm for large sizes")
+RESUME_DESC = ("finish a killed run: RUN is its id under the runs directory or its directory; "
+               "items it finished are reported from its log, the rest run with its seed")
+ROUNDS_DESC = ("refinement rounds: after a failure, or a pass slower than the reference, the "
+               "model is asked again with the verdict and its evidence, up to this many "
+               "generations per task (default 1)")
+TIMING_ROUNDS_DESC = "interleaved reference/solution timing rounds per item, at least (default 2)"
+MAX_ROUNDS_DESC = ("at most this many timing rounds: they are added while the speedup is less "
+                   "precise than --commbench-timing-precision (default 6)")
+PRECISION_DESC = ("relative uncertainty of an item's speedup (standard error, from how much "
+                  "the jobs scatter, at its 90% upper bound for so few jobs) below which no "
+                  "more timing rounds are added (default 0.03)")
+REPS_DESC = "timed repetitions per size per job (default 10)"
+WARMUP_DESC = "untimed warm-up calls per size per job (default 2)"
+BUDGET_DESC = ("seconds of timed work per size per job; repetitions go on past --commbench-reps "
+               "until it is spent (default 0.25)")
+MAX_REPS_DESC = "at most this many timed repetitions per size per job (default 200)"
+KEEP_DESC = "keep the scratch directories of passing items too"
+SHARED_NODE_DESC = ("timed items lease only the GPUs they use instead of the whole node "
+                    "(faster with -n, but neighbours may disturb the numbers)")
+UNSANDBOXED_DESC = ("run jobs without their sandbox where namespaces are not available "
+                    "(recorded in every result's fingerprint; a solution can then reach the "
+                    "harness)")
+BASE_URL_DESC = ("endpoint of the model's server, in the form its SDK takes (OpenAI-compatible: "
+                 ".../v1; Anthropic: the host root); overrides the registry's")
+MODELS_FILE_DESC = "a TOML file of models that extends or overrides the shipped registry"
+REGENERATE_DESC = ("ask the model again even where the runs directory keeps a reply for the "
+                   "task (otherwise kept replies are reused and no request is sent)")
+REQUEST_TIMEOUT_DESC = "seconds one request to a model may take (default 900)"
+SAMPLES_DESC = ("independent answers per task (each an item, e.g. [np2-s1]); pass@k for every "
+                "k up to it in the summary (default 1)")
+TEMPERATURE_DESC = "sampling temperature (default: the registry's, else the provider's)"
+BUDGET_USD_DESC = ("US dollars a task's answers may cost: no further refinement round once "
+                   "spent (needs the model's prices)")
+
+#: every option, in the order `pytest --help` lists them
+OPTIONS: list[Option] = [
+    Option("model", _text, "reference", MODEL_DESC),
+    Option("platform", _text, "auto", PLATFORM_DESC),
+    Option("seed", _integer, None, SEED_DESC),
+    Option("timeout", seconds, None, TIMEOUT_DESC),
+    Option("runs_dir", _text, ".commbench/runs", RUNS_DESC),
+    Option("scratch", _text, None, SCRATCH_DESC),
+    Option("resume", _text, None, RESUME_DESC),
+    Option("rounds", positive_count, 1, ROUNDS_DESC),
+    Option("timing_rounds", positive_count, 2, TIMING_ROUNDS_DESC),
+    Option("timing_max_rounds", positive_count, 6, MAX_ROUNDS_DESC),
+    Option("timing_precision", fraction, 0.03, PRECISION_DESC),
+    Option("reps", count, 10, REPS_DESC),
+    Option("warmup", count, 2, WARMUP_DESC),
+    Option("budget", nonnegative_seconds, 0.25, BUDGET_DESC),
+    Option("max_reps", count, 200, MAX_REPS_DESC),
+    Option("keep", _flag, False, KEEP_DESC, flag=True),
+    Option("shared_node", _flag, False, SHARED_NODE_DESC, flag=True),
+    Option("unsandboxed", _flag, False, UNSANDBOXED_DESC, flag=True),
+    Option("base_url", _text, None, BASE_URL_DESC),
+    Option("models_file", _text, None, MODELS_FILE_DESC),
+    Option("regenerate", _flag, False, REGENERATE_DESC, flag=True),
+    Option("request_timeout", seconds, 900.0, REQUEST_TIMEOUT_DESC),
+    Option("samples", positive_count, 1, SAMPLES_DESC),
+    Option("temperature", _number(float, 0, True, "a temperature"), None, TEMPERATURE_DESC),
+    Option("budget_usd", _number(float, 0, False, "US dollars"), None, BUDGET_USD_DESC),
+    Option("references", _text, "references", "hidden references root (default: references)",
+           cli=False),
+    Option("suites", _text, "suites", "suites root, to name tasks by relative path "
+           "(default: suites)", cli=False),
+]
+DEFAULTS = {o.name: o.default for o in OPTIONS}
 #: how each option's text becomes its value (and what is wrong with it)
-PARSERS: dict[str, Callable[[str], Any]] = {
-    "model": _text, "platform": _text, "runs_dir": _text, "scratch": _text, "resume": _text,
-    "references": _text, "suites": _text,
-    "seed": _integer, "timeout": seconds, "rounds": positive_count,
-    "timing_rounds": positive_count, "timing_max_rounds": positive_count,
-    "timing_precision": fraction, "reps": count, "warmup": count,
-    "budget": nonnegative_seconds, "max_reps": count,
-    "keep": _flag, "shared_node": _flag, "unsandboxed": _flag,
-    "base_url": _text, "models_file": _text, "regenerate": _flag, "request_timeout": seconds,
-    "samples": positive_count, "temperature": _number(float, 0, True, "a temperature"),
-    "budget_usd": _number(float, 0, False, "US dollars"),
-}
+PARSERS: dict[str, Callable[[str], Any]] = {o.name: o.parse for o in OPTIONS}
 #: options given on the command line as a flag, with no value
-FLAGS = ("keep", "shared_node", "unsandboxed", "regenerate")
+FLAGS = tuple(o.name for o in OPTIONS if o.flag)
 
 
 def flag_name(name: str) -> str:
