@@ -91,8 +91,8 @@ def per_task(records: Iterable[dict]) -> list[dict]:
 
 def score(records: Iterable[dict]) -> Scores:
     """Scores over solution records (mutant records are the checker's test, not a model's),
-    task by task (`per_task`)."""
-    recs = per_task(r for r in records if r.get("kind", "solution") == "solution")
+    item by item; `score(per_task(records))` scores task by task."""
+    recs = [r for r in records if r.get("kind", "solution") == "solution"]
     applicable = [r for r in recs if r["verdict"] not in NOT_APPLICABLE]
     passes = [r for r in applicable if r["verdict"] == "pass"]
     good = [r for r in passes if r.get("speedup") is not None and r["speedup"] >= GOOD]

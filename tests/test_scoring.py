@@ -99,7 +99,7 @@ def test_a_task_is_scored_once_over_its_world_sizes():
     assert tasks["a"]["cost"] == 0.5 and tasks["a"]["worlds"] == [2, 4]
     assert tasks["b"]["verdict"] == "wrong_answer" and tasks["b"]["speedup"] is None
     assert tasks["c"]["verdict"] == "pass" and tasks["c"]["speedup"] == 1.5
-    s = score(records)
+    s = score(per_task(records))
     assert (s.applicable, s.passes, s.not_applicable) == (3, 2, 1)
     assert s.pass_rate == pytest.approx(2 / 3)
     assert s.gm_speedup == pytest.approx(1.5 ** 0.5)
