@@ -95,6 +95,7 @@ def run_candidate(task: Task, world: int, candidate: Candidate, platform: Platfo
     record: dict[str, Any] = {}
     tokens_in = tokens_out = 0
     cost = 0.0
+    ended = candidate.ended(world) if candidate.ended is not None else None
     for rnd in range(1, rounds + 1):
         if rnd == 1:
             attempt = candidate
@@ -103,6 +104,7 @@ def run_candidate(task: Task, world: int, candidate: Candidate, platform: Platfo
             attempt = Candidate(candidate.id, candidate.kind,
                                 lambda r=rnd, f=feedback, p=previous: candidate.refine(r, p, f))
         record = _attempt(task, world, attempt, platform, settings)
+        stop = None
         tokens_in += record["tokens_in"]
         tokens_out += record["tokens_out"]
         cost += record["cost"] or 0.0
@@ -112,11 +114,17 @@ def run_candidate(task: Task, world: int, candidate: Candidate, platform: Platfo
             if best is None or (record.get("speedup") or 0) > (best.get("speedup") or 0):
                 best = record
             if record.get("speedup") is None or record["speedup"] >= 1.0:
-                break
+                stop = "fast enough"
         elif record["verdict"] == "infra_error":
             break  # an outage or a broken reference: asking again would not help
-        if settings.budget_usd is not None and cost >= settings.budget_usd:
-            break  # the task's budget is spent (the paper's cost-matched comparison)
+        if stop is None and settings.budget_usd is not None and cost >= settings.budget_usd:
+            stop = "budget"  # the task's budget is spent (the paper's cost-matched comparison)
+        if stop is not None or rnd == ended:
+            # an early end is kept with the replies: a rerun (whose timing may differ, and
+            # whose kept replies cost nothing) stops at the same round and asks nothing new
+            if stop is not None and rnd < rounds and candidate.end is not None:
+                candidate.end(world, rnd)
+            break
     final = best or record
     final.pop("_reply", None)
     final.update(tokens_in=tokens_in, tokens_out=tokens_out, cost=cost, rounds=len(history),

@@ -65,7 +65,7 @@ def per_task(records: Iterable[dict]) -> list[dict]:
     groups: dict[tuple, list[dict]] = {}
     for r in records:
         key = r.get("task") or r.get("nodeid") or id(r)  # a record of no task: its own
-        groups.setdefault((key, r.get("candidate", "")), []).append(r)
+        groups.setdefault((r.get("model", ""), key, r.get("candidate", "")), []).append(r)
     out = []
     for items in groups.values():
         if len(items) == 1:
@@ -91,8 +91,8 @@ def per_task(records: Iterable[dict]) -> list[dict]:
 
 def score(records: Iterable[dict]) -> Scores:
     """Scores over solution records (mutant records are the checker's test, not a model's),
-    item by item; `score(per_task(records))` scores task by task."""
-    recs = [r for r in records if r.get("kind", "solution") == "solution"]
+    task by task as the paper scores them (`per_task`: a task's world sizes are one result)."""
+    recs = per_task(r for r in records if r.get("kind", "solution") == "solution")
     applicable = [r for r in recs if r["verdict"] not in NOT_APPLICABLE]
     passes = [r for r in applicable if r["verdict"] == "pass"]
     good = [r for r in passes if r.get("speedup") is not None and r["speedup"] >= GOOD]

@@ -146,9 +146,9 @@ def test_an_aborted_item_counts_against_the_model_in_the_report(tmp_path):
     common = {"model": "m", "task": "t", "title": "T", "category": "c", "library": "mpi",
               "difficulty": "easy", "setup": "bare-metal", "world": 2, "kind": "solution"}
     log.write({**common, "event": "started", "nodeid": "a"})
-    log.write({**common, "event": "started", "nodeid": "b"})
-    log.write({**common, "event": "result", "nodeid": "b", "verdict": "pass", "speedup": 1.0,
-               "sizes": []})
+    log.write({**common, "event": "started", "nodeid": "b", "task": "u"})
+    log.write({**common, "event": "result", "nodeid": "b", "task": "u", "verdict": "pass",
+               "speedup": 1.0, "sizes": []})
     verdicts = {r["nodeid"]: r["verdict"] for r in load(log.path)}
     assert verdicts == {"a": "aborted", "b": "pass"}
     buffer = io.StringIO()

@@ -49,8 +49,30 @@ class ApiModel(Model):
         return [Candidate(f"s{k}" if samples > 1 else "", "solution",
                           lambda k=k: self.generate(task, sample=k, round_=1),
                           refine=lambda r, previous, feedback, k=k: self.generate(
-                              task, sample=k, round_=r, previous=previous, feedback=feedback))
+                              task, sample=k, round_=r, previous=previous, feedback=feedback),
+                          ended=lambda world, k=k: self.ended(task, k, world),
+                          end=lambda world, r, k=k: self.end(task, k, world, r))
                 for k in range(samples)]
+
+    def _ended_file(self, task: Task, sample: int, world: int) -> Path:
+        return self.folder(task, Path(self._where()["runs_dir"]), sample, 1).parent / \
+            f"ended-np{world}.json"
+
+    def ended(self, task: Task, sample: int, world: int) -> int | None:
+        """The round where an earlier run's conversation for this world size ended early
+        (None where none did, or with --commbench-regenerate)."""
+        if self._where().get("regenerate"):  # a new conversation: the old end is void
+            self._ended_file(task, sample, world).unlink(missing_ok=True)
+            return None
+        try:
+            return int(json.loads(self._ended_file(task, sample, world).read_text())["round"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+
+    def end(self, task: Task, sample: int, world: int, round_: int) -> None:
+        path = self._ended_file(task, sample, world)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"round": round_}) + "\n")
 
     def folder(self, task: Task, runs_dir: Path, sample: int, round_: int) -> Path:
         """One answer per task, sample and round: every world size of the task is judged on

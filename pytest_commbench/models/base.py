@@ -34,6 +34,11 @@ class Candidate:
     produce: Callable[[], Reply]
     # refinement (models that can be asked again): (round, previous reply, feedback) -> Reply
     refine: Callable[[int, str, str], Reply] | None = None
+    # where an earlier run's conversation for this world size ended early (a pass at least as
+    # fast as the reference, or the budget): (world) -> round or None, and (world, round) to
+    # record it, so that a rerun replays the same rounds and asks nothing new
+    ended: Callable[[int], int | None] | None = None
+    end: Callable[[int, int], None] | None = None
 
 
 class Model:
