@@ -12,7 +12,7 @@ import pytest
 
 from .results import cap, entries
 from .runner import Settings, run_candidate
-from .scoring import band
+from .scoring import record_band
 from .session import STATE
 from .tasks import MANIFEST, ManifestError, Task, load_task
 from .verdicts import Verdict
@@ -73,7 +73,7 @@ def final_record(state, base: dict[str, Any], record: dict[str, Any]) -> dict[st
     """An item's result line: capped (the solution controls its messages and output), with
     the seed that reproduces its inputs."""
     return cap({**base, **record, "event": "result", "seed": state.seed,
-                "band": band(record.get("speedup")), "fingerprint": state.fingerprint,
+                "band": record_band(record), "fingerprint": state.fingerprint,
                 "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
 
 
@@ -146,6 +146,7 @@ class TaskItem(pytest.Item):
             warmup=state.warmup, timeout=state.timeout, keep=state.keep,
             exclusive=state.exclusive, sandbox=state.sandboxed, hide=state.hidden,
             refine_rounds=state.refine_rounds, budget_usd=state.budget_usd,
+            check_only=state.check_only,
         )
         for _attempt in range(1 + INFRA_RETRIES):
             result = run_candidate(self.task, self.world, self.candidate, state.platform, settings)
@@ -232,7 +233,8 @@ def describe(record: dict[str, Any], headline: str) -> str:
 
 SUMMARY_KEYS = ("nodeid", "task", "title", "category", "library", "difficulty", "setup", "world",
                 "model", "candidate", "kind", "verdict", "message", "speedup", "speedup_se",
-                "timing_rounds", "band", "sizes", "rounds", "round", "round_history",
+                "timing_rounds", "timing_trust", "speedup_ci90", "host_load", "check_only",
+                "band", "sizes", "rounds", "round", "round_history",
                 "cost", "tokens_in", "tokens_out", "seed", "run")
 
 
@@ -252,6 +254,11 @@ def junit_properties(record: dict[str, Any]) -> list[tuple[str, Any]]:
     if record.get("speedup") is not None:
         props += [("commbench.speedup", round(record["speedup"], 4)),
                   ("commbench.band", record.get("band", ""))]
+    if record.get("timing_trust"):
+        props.append(("commbench.timing_trust", record["timing_trust"]))
+    if record.get("speedup_ci90"):
+        props += [("commbench.speedup_ci90_lo", round(record["speedup_ci90"][0], 4)),
+                  ("commbench.speedup_ci90_hi", round(record["speedup_ci90"][1], 4))]
     if record.get("speedup_se") is not None:
         props += [("commbench.speedup_se", round(record["speedup_se"], 4)),
                   ("commbench.timing_rounds", record.get("timing_rounds"))]

@@ -33,9 +33,11 @@ from .rank.protocol import (
     GUARD_EXIT,
     SOCKET,
     Control,
+    batch_sets,
     layout,
     memfd,
     poison_value,
+    set_name,
     socket_address,
     views,
 )
@@ -44,6 +46,13 @@ from .verdicts import Verdict
 WARMUP_S = 0.02  # warm-up calls of a case fill at least this long ...
 MAX_WARMUP_CALLS = 200  # ... with at most this many
 MIN_REPS = 3  # timed repetitions of a case at least, whatever the observer's own time
+# small sizes: a timed repetition is a batch of back-to-back calls lasting at least BATCH_S
+# (by the warm-up's time per call), of at most MAX_BATCH calls whose buffer sets take at
+# most BATCH_BYTES of a rank's segment; the gate, the "done" and the observer's wake-up are
+# then paid once per batch, not once per call
+BATCH_S = 1e-3
+MAX_BATCH = 128
+BATCH_BYTES = 64 << 20
 SAMPLES = 16  # positions per output checked the moment a rank says it is done
 LIVENESS_S = 0.005  # how often a wait looks at the job's processes and sockets
 MAX_MESSAGES = 5
@@ -157,9 +166,15 @@ class Rank:
 class Observer:
     def __init__(self, job_dir: Path, world: int, op: Op, settings: Settings,
                  rng: np.random.Generator, staged: bool, timed: bool,
-                 trials: bool = True) -> None:
+                 trials: bool = True, batch: bool = False,
+                 batches: dict[str, int] | None = None) -> None:
+        """`batch`: timed repetitions may be batches of calls; `batches`: the calls per
+        batch of each case, fixed by an earlier job of the item (the same for the reference
+        and the solution), else chosen here and kept in it."""
         self.job_dir, self.world, self.op, self.s = job_dir, world, op, settings
         self.rng, self.staged, self.timed, self.trials = rng, staged, timed, trials
+        self.batch = batch and op.batchable
+        self.batches = {} if batches is None else batches
         self.path = job_dir / SOCKET
         self.server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         address, fd = socket_address(str(job_dir))
@@ -314,15 +329,20 @@ class Observer:
         self.path.unlink(missing_ok=True)
 
     # -- calls ---------------------------------------------------------------------------
-    def _lay_out(self, trial: Trial) -> bool:
-        """Describe this call's buffers to every rank and poison its outputs (a new layout
-        and, if needed, a bigger segment where the shapes changed). The inputs are written
-        later, each rank's just before its own gate (`_write_inputs`)."""
+    def _lay_out(self, trials: list[Trial]) -> bool:
+        """Describe this call's buffers (one set per call of a batch) to every rank and
+        poison its outputs (a new layout and, if needed, a bigger segment where the shapes
+        changed). The inputs are written later, each rank's just before its own gate
+        (`_write_inputs`)."""
         placed_all = []
+        batch = len(trials)
         for number in range(self.world):
-            specs = [(n, "in", a.shape, a.dtype) for n, a in trial.inputs[number].items()]
-            specs += [(n, "out", shape, dtype)
-                      for n, (shape, dtype) in trial.outputs[number].items()]
+            specs = []
+            for j, trial in enumerate(trials):
+                specs += [(set_name(n, j, batch), "in", a.shape, a.dtype)
+                          for n, a in trial.inputs[number].items()]
+                specs += [(set_name(n, j, batch), "out", shape, dtype)
+                          for n, (shape, dtype) in trial.outputs[number].items()]
             placed, size = layout(specs)
             placed_all.append((self.ranks[number], placed, size))
         changed = any(p != r.placed for r, p, _ in placed_all)
@@ -334,10 +354,13 @@ class Observer:
                 rank.grow(size * 2)
             rank.placed = placed
             v = views(rank.data, placed)
-            for name, _kind, _shape, _dtype, _off in placed:
-                if name not in trial.inputs[number]:
+            inputs = {e[0] for e in placed if e[1] == "in"}
+            for name, kind, _shape, _dtype, _off in placed:
+                if kind == "out" and name not in inputs:
                     v[name].fill(poison_value(v[name].dtype))
-            info: dict[str, Any] = {"layout": placed, "extra": trial.extra[number]}
+            info: dict[str, Any] = {"layout": placed, "extra": trials[0].extra[number]}
+            if batch > 1:
+                info.update(batch=batch, extras=[t.extra[number] for t in trials])
             if remap:
                 info["remap"] = rank.data_bytes
             rank.ctl.write_info(info)
@@ -346,14 +369,15 @@ class Observer:
                 socket.send_fds(rank.conn, [b"{}"], [rank.data_fd])
         return changed
 
-    def _write_inputs(self, number: int, trial: Trial) -> None:
+    def _write_inputs(self, number: int, trials: list[Trial]) -> None:
         """Rank `number`'s inputs of this call, written the moment before it may start: no
         rank's inputs are in any process's reach long before that rank's gate, so there is
         no window in which a solution's thread could do the call's work before it is timed."""
         rank = self.ranks[number]
         v = views(rank.data, rank.placed)
-        for name, value in trial.inputs[number].items():
-            v[name][...] = value
+        for j, trial in enumerate(trials):
+            for name, value in trial.inputs[number].items():
+                v[set_name(name, j, len(trials))][...] = value
 
     def _await(self, word: str, k: int) -> list[float]:
         """Wait until every rank set `word` to k; returns when the observer saw each one."""
@@ -368,15 +392,23 @@ class Observer:
         self._spin(look)
         return seen
 
-    def call(self, case: Case, trial: Trial, check: bool) -> Timing:
-        """One call on every rank; returns its time (last done - last gate) and the
-        untimed phases around it (staged backends: a rank's upload and its fetch)."""
+    def call(self, case: Case, trial: Trial | list[Trial], check: bool) -> Timing:
+        """One call on every rank, or a batch of calls back to back (a list of trials, one
+        buffer set each, no delays); returns the time of one call (last done - last gate,
+        over the batch's size) and the untimed phases around it (staged backends: a rank's
+        upload and its fetch), likewise per call."""
         op = self.op
-        want = slack = None
+        trials = trial if isinstance(trial, list) else [trial]
+        trial, batch = trials[0], len(trials)
+        if batch > 1 and any(d for t in trials for d in t.delays):
+            raise ValueError("a batch of calls has no late ranks")
+        wants: list = [None] * batch
+        slacks: list = [None] * batch
         if check and op.samples_outputs:
-            want = op.expected(trial, case.count, case.dtype, case.world, case.params)
-            slack = None if op.exact else op.slack(trial, case)
-        changed = self._lay_out(trial)
+            wants = [op.expected(t, case.count, case.dtype, case.world, case.params)
+                     for t in trials]
+            slacks = [None if op.exact else op.slack(t, case) for t in trials]
+        changed = self._lay_out(trials)
         self.k += 1
         k, ranks = self.k, self.ranks
         for r in ranks:
@@ -394,7 +426,7 @@ class Observer:
             prep = [0.0] * self.world
             for i in order:
                 if i not in late:
-                    self._write_inputs(i, trial)
+                    self._write_inputs(i, trials)
                     prep[i] = time.perf_counter()
                     ranks[i].set("prep", k)
             seen = [0.0] * self.world
@@ -414,12 +446,12 @@ class Observer:
         left = set(range(self.world))
 
         def collect() -> bool:
+            # only timestamps here: a rank's "done" is taken the moment it is seen, never
+            # after another rank's checks
             for i in list(left):
                 if gate[i] and ranks[i].ctl.get("done") >= k:
                     done[i] = time.perf_counter()
                     left.discard(i)
-                    if want is not None and not self.staged:
-                        early.extend(self._spot_check(i, want[i], slack[i] if slack else {}))
             return not left
 
         start = time.perf_counter()
@@ -430,41 +462,57 @@ class Observer:
                 collect()
                 os.sched_yield()
             if not self.staged or i in late:
-                self._write_inputs(i, trial)
+                self._write_inputs(i, trials)
             gate[i] = time.perf_counter()
             if i in late:
                 ranks[i].set("prep", k)
             ranks[i].set("gate", k)
         self._spin(collect)
+        if not self.staged:
+            # the moment the last rank said it was done, every rank's outputs at positions
+            # drawn now: the call's time ends here, so whatever a rank that said "done" early
+            # had not finished by now is outside it, and wrong
+            for i in range(self.world):
+                for j, (want, slack) in enumerate(zip(wants, slacks)):
+                    if want is not None:
+                        early.extend(self._spot_check(i, want[i], slack[i] if slack else {},
+                                                      j, batch))
         if self.staged:  # every rank is done: peers no longer write into anyone's outputs
             fetch = time.perf_counter()
             for r in ranks:
                 r.set("fetch", k)
             after = max(self._await("saved", k)) - fetch
         if check:
-            got = [{n: np.array(a) for n, a in views(r.data, r.placed).items()
-                    if n in trial.outputs[r.number]} for r in ranks]
+            errors = list(early)
             events = [{"t_enter": gate[i], "t_exit": done[i]} for i in range(self.world)]
-            try:
-                if want is not None:
-                    errors = early + op.verify(trial, got, events, case, self.s.rtol,
-                                               self.s.atol, want=want, slack=slack)
-                else:
-                    errors = op.verify(trial, got, events, case, self.s.rtol, self.s.atol)
-            except Exception as exc:  # noqa: BLE001 - outputs an oracle cannot even read
-                errors = [f"the outputs could not be checked ({type(exc).__name__}: "
-                          f"{str(exc)[:200]})"]
+            for j, (t, want, slack) in enumerate(zip(trials, wants, slacks)):
+                sets = [batch_sets(views(r.data, r.placed), batch)[j] for r in ranks]
+                got = [{n: np.array(a) for n, a in sets[r.number].items()
+                        if n in t.outputs[r.number]} for r in ranks]
+                try:
+                    if want is not None:
+                        found = op.verify(t, got, events, case, self.s.rtol, self.s.atol,
+                                          want=want, slack=slack)
+                    else:
+                        found = op.verify(t, got, events, case, self.s.rtol, self.s.atol)
+                except Exception as exc:  # noqa: BLE001 - outputs an oracle cannot even read
+                    found = [f"the outputs could not be checked ({type(exc).__name__}: "
+                             f"{str(exc)[:200]})"]
+                errors += [f"call {j + 1} of {batch} back to back: {m}" if batch > 1 else m
+                           for m in found]
             if errors:
                 raise WrongAnswer(errors)
-        return Timing(max(done) - max(gate), before, after)
+        return Timing((max(done) - max(gate)) / batch, before / batch, after / batch)
 
     def _spot_check(self, number: int, want: dict[str, np.ndarray],
-                    slack: dict[str, np.ndarray]) -> list[str]:
-        """Outputs at positions drawn now, the moment the rank said it was done."""
+                    slack: dict[str, np.ndarray], j: int = 0, batch: int = 1) -> list[str]:
+        """Outputs at positions drawn now, the moment the rank said it was done (call j of
+        a batch of calls: its buffer set)."""
         rank = self.ranks[number]
-        v = views(rank.data, rank.placed)
+        v = batch_sets(views(rank.data, rank.placed), batch)[j]
         errors = []
         exact = self.op.exact
+        which = f" (call {j + 1} of {batch} back to back)" if batch > 1 else ""
         for name, w in want.items():
             got = v.get(name)
             w = np.asarray(w)
@@ -477,8 +525,9 @@ class Observer:
                 tol = tol + np.asarray(slack[name]).reshape(-1)[idx]
             msg = compare(g, w.reshape(-1)[idx], 0.0 if exact else self.s.rtol, tol)
             if msg:
-                errors.append(f"rank {number}: output '{name}' was not complete when the rank "
-                              f"said it was done (spot check of {idx.size} positions: {msg})")
+                errors.append(f"rank {number}: output '{name}'{which} was not complete when "
+                              f"the rank said it was done (spot check of {idx.size} positions: "
+                              f"{msg})")
         return errors
 
     def run_case(self, case: Case) -> list[Timing]:
@@ -498,18 +547,23 @@ class Observer:
             if self.timed and self.s.reps > 0:
                 where = "warm-up"
                 last = self.op.timed_trial(self.rng, case)
-                first = self.call(case, last, check=False).call
-                extra = self.s.warmup - 1
-                if first > 0:
-                    extra = max(extra, min(MAX_WARMUP_CALLS, int(WARMUP_S / first)))
-                for _ in range(max(extra, 0)):
-                    self.call(case, last, check=False)
+                # the first call pays what is paid once (connections set up, code compiled):
+                # the warm-up fills WARMUP_S after it
+                warm = [self.call(case, last, check=False).call]
+                while len(warm) < max(self.s.warmup, 2) or (
+                        len(warm) <= MAX_WARMUP_CALLS and sum(warm[1:]) < WARMUP_S):
+                    warm.append(self.call(case, last, check=False).call)
+                batch = self.batches.get(case.id)
+                if batch is None:
+                    batch = self.batches[case.id] = self._batch_size(
+                        case, last, float(np.median(warm[1:])))
+                elif batch > 1:  # the batch's buffer sets, touched once before they are timed
+                    self.call(case, self._draw(case, batch), check=False)
                 began, spent = time.perf_counter(), 0.0
                 while True:
                     where = f"timed repetition {len(times)}"
-                    times.append(self.call(case, self.op.timed_trial(self.rng, case),
-                                           check=True))
-                    spent += times[-1].call
+                    times.append(self.call(case, self._draw(case, batch), check=True))
+                    spent += times[-1].call * batch
                     wall = time.perf_counter() - began
                     if len(times) >= self.s.reps and (
                             spent >= self.s.budget_s or len(times) >= self.s.max_reps
@@ -527,6 +581,33 @@ class Observer:
         except WrongAnswer as exc:
             raise WrongAnswer([f"[{label}, {where}] {m}" for m in exc.errors]) from None
         return times
+
+    def _draw(self, case: Case, batch: int) -> Trial | list[Trial]:
+        """Fresh inputs for a timed repetition: one trial, or one per call of a batch."""
+        if batch <= 1:
+            return self.op.timed_trial(self.rng, case)
+        return [self.op.timed_trial(self.rng, case) for _ in range(batch)]
+
+    def _batch_size(self, case: Case, trial: Trial, per_call: float) -> int:
+        """Calls per timed batch: grown from the warm-up's time per call (which is mostly
+        the gate's and the "done"'s cost where calls are short) by timing trial batches until
+        one lasts BATCH_S, within MAX_BATCH and BATCH_BYTES (1: no batching here, or a call
+        that is long already). The trial batches also warm the buffer sets."""
+        if not self.batch or per_call <= 0 or per_call >= BATCH_S:
+            return 1
+        per_set = max(
+            sum(a.nbytes for a in trial.inputs[r].values())
+            + sum(int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+                  for shape, dtype in trial.outputs[r].values())
+            for r in range(self.world))
+        most = max(1, min(MAX_BATCH, BATCH_BYTES // max(per_set, 1)))
+        batch = max(1, min(most, int(np.ceil(BATCH_S / per_call))))
+        while batch > 1:
+            took = self.call(case, self._draw(case, batch), check=False).call * batch
+            if took >= BATCH_S or batch >= most:
+                break
+            batch = min(most, max(batch + 1, int(np.ceil(batch * BATCH_S / max(took, 1e-9)))))
+        return batch
 
     def end(self, index: int) -> None:
         """Tell every rank that case `index` (1-based) and those before it are over."""

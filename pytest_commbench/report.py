@@ -11,10 +11,10 @@ from tabulate import tabulate
 from .scoring import (
     MUTANT_UNJUDGED,
     NOT_APPLICABLE,
-    band,
     breakdown,
     pass_at_k,
     per_task,
+    record_band,
     score,
 )
 
@@ -30,17 +30,43 @@ def _num(x: float | None, digits: int = 3) -> str:
     return "-" if x is None else f"{x:.{digits}f}"
 
 
+def _interval(iv: list[float] | None) -> str:
+    return "" if not iv else f" [{iv[0]:.3f}, {iv[1]:.3f}]"
+
+
 def _task_rows(records: list[dict]) -> list[list[str]]:
     rows = []
     for r in sorted(records, key=lambda r: r["nodeid"]):
         per_size = " ".join(f"{s['count']}:{s['speedup']:.2f}" for s in r.get("sizes", []))
         se = r.get("speedup_se")
+        speed = "check only" if r.get("check_only") and r["verdict"] == "pass" else \
+            _num(r.get("speedup"))
         rows.append([
-            r["task"], r.get("world", ""), r["verdict"], _num(r.get("speedup")),
+            r["task"], r.get("world", ""), r["verdict"], speed,
             "-" if se is None else f"{100 * se:.1f}%", r.get("timing_rounds") or "-",
-            band(r.get("speedup")), per_size or "-",
+            r.get("timing_trust") or "-", record_band(r), per_size or "-",
         ])
     return rows
+
+
+def unreadable(records: list[dict]) -> list[str]:
+    """Passing items whose speedup is not to be read, each with why."""
+    out = []
+    for r in sorted(records, key=lambda r: r["nodeid"]):
+        trust = r.get("timing_trust")
+        if r["verdict"] != "pass" or trust in (None, "ok"):
+            continue
+        load = r.get("host_load") or {}
+        why = (f"contended: {load.get('ranks')} busy ranks and {load.get('outside_cpus')} CPUs "
+               f"of other load on {load.get('cpus')} CPUs" if trust == "contended" else
+               f"noisy: +/- {100 * (r.get('speedup_se') or 0):.1f}% after "
+               f"{r.get('timing_rounds')} timing rounds")
+        out.append(f"{r['task']} np{r.get('world', '?')}{_cand(r)} ({why})")
+    return out
+
+
+def _cand(r: dict) -> str:
+    return f" {r['candidate']}" if r.get("candidate") else ""
 
 
 def _score_rows(groups) -> list[list[str]]:
@@ -97,16 +123,21 @@ def render(records: list[dict], write_line: WriteLine, write_sep: WriteSep,
                    + "; ".join(f"{n} x {why}" for why, n in sorted(reasons.items())))
     if solutions:
         table = tabulate(_task_rows(solutions),
-                         headers=["task", "np", "verdict", "speedup", "+/-", "rounds", "band",
-                                  "per size (count:speedup)"])
+                         headers=["task", "np", "verdict", "speedup", "+/-", "rounds", "trust",
+                                  "band", "per size (count:speedup)"])
         for line in table.splitlines():
             write_line(line)
+        doubtful = unreadable(solutions)
+        if doubtful:
+            write_line(f"speedups not to be read as they stand ({len(doubtful)}): "
+                       + "; ".join(doubtful))
         s = score(solutions)
         write_line("")
         write_line(
             f"Pass Rate {_pct(s.pass_rate)} ({s.passes}/{s.applicable})   "
             f"PASS+Good {_pct(s.pass_good)} ({s.good}/{s.applicable})   "
-            f"GM-Speedup {_num(s.gm_speedup)}   Pass x GM {_num(s.pass_x_gm)}   "
+            f"GM-Speedup {_num(s.gm_speedup)}{_interval(s.gm_ci90)}   "
+            f"Pass x GM {_num(s.pass_x_gm)}{_interval(s.pass_x_gm_ci90)}   "
             f"Price {'-' if s.price is None else f'${s.price:.4f}'}/task"
             + (f"   ({s.not_applicable} not applicable)" if s.not_applicable else "")
         )

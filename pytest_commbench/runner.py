@@ -27,6 +27,8 @@ from .models.base import Candidate, Reply
 from .platforms.base import Platform
 from .tasks import Task
 from .timing import (
+    HostLoad,
+    interval90,
     metric_value,
     precise_enough,
     speedup,
@@ -63,6 +65,7 @@ class Settings:
     wall_s: float = 2.5  # seconds per case and job the observer may spend on repetitions
     refine_rounds: int = 1  # model generations per task at most (refinement rounds)
     budget_usd: float | None = None  # ... and none once the task's answers cost this much
+    check_only: bool = False  # correctness only: no reference job, no timing
 
 
 @dataclass
@@ -74,6 +77,7 @@ class Outcome:
     detail: str = ""
     times: dict[str, list[observer.Timing]] = field(default_factory=dict)
     output: str = ""
+    batches: dict[str, int] = field(default_factory=dict)  # calls per timed batch, per case
     seconds: float = 0.0
 
 
@@ -127,6 +131,7 @@ def run_candidate(task: Task, world: int, candidate: Candidate, platform: Platfo
             break
     final = best or record
     final.pop("_reply", None)
+    final.pop("_imprecise", None)
     final.update(tokens_in=tokens_in, tokens_out=tokens_out, cost=cost, rounds=len(history),
                  duration_s=round(time.time() - started, 3))
     if candidate.refine is not None:
@@ -206,7 +211,9 @@ def _run(task, world, candidate, platform, settings, record) -> None:
     (settings.work / f"solution{task.suffix}").write_text(solution)
     artifact = platform.build(task, solution, settings.cache)
 
-    timed = candidate.kind == "solution"
+    timed = candidate.kind == "solution" and not settings.check_only
+    if candidate.kind == "solution" and settings.check_only:
+        record["check_only"] = True
     ref_artifact = None
     if timed:
         ref_path = settings.references / task.relpath / f"solution{task.suffix}"
@@ -238,6 +245,22 @@ def _run(task, world, candidate, platform, settings, record) -> None:
     record["verdict"] = Verdict.PASS
     if timed and settings.reps > 0:
         _figures(op, task, cases, times["sol"], times["ref"], record)
+        for case, size in zip(cases, record["sizes"]):
+            size["batch"] = plan.batches.get(case.id, 1)
+        _trust(record)
+
+
+def _trust(record: dict[str, Any]) -> None:
+    """How far the speedup may be read: its 90% interval, and `timing_trust`: `contended`
+    (the item's ranks and the load from outside it needed more CPUs than there were),
+    `noisy` (the precision asked for was not reached in the timing rounds allowed), else
+    `ok`. Bands are only given to trusted speedups whose interval lies inside one band."""
+    jobs = min((min(len(s["jobs_sol_us"]), len(s["jobs_ref_us"])) for s in record["sizes"]),
+               default=0)
+    record["speedup_ci90"] = interval90(record["speedup"], record.get("speedup_se"), jobs)
+    load = record.get("host_load") or {}
+    record["timing_trust"] = ("contended" if load.get("contended") else
+                              "noisy" if record.pop("_imprecise", True) else "ok")
 
 
 @dataclass
@@ -251,6 +274,9 @@ class Plan:
     op: checks.Op
     cases: list[Case]
     deadline: float
+    # calls per timed batch, per case: chosen by the item's warm-up job, then the same for
+    # every reference and solution job
+    batches: dict[str, int] = field(default_factory=dict)
 
 
 def _interleave(plan: Plan, artifacts: dict[str, Path], lease_env: dict[str, str],
@@ -281,6 +307,9 @@ def _interleave(plan: Plan, artifacts: dict[str, Path], lease_env: dict[str, str
         # what the harness's own upload and fetch take, per case: beyond it, the untimed
         # phases are charged to every later job, the reference's as well (observer.charged)
         baseline = {cid: observer.phase_baseline(ts) for cid, ts in outcome.times.items()}
+        plan.batches.update(outcome.batches)
+    load = HostLoad()
+    load.start()
     rounds = settings.rounds if timed else 1
     most = max(rounds, settings.max_rounds) if timed and settings.reps > 0 else rounds
     rnd = 0
@@ -314,7 +343,9 @@ def _interleave(plan: Plan, artifacts: dict[str, Path], lease_env: dict[str, str
             for cid, per_role in phases.items()}
     if timed:
         record["timing_rounds"] = rnd
-        _imprecise(times, plan, record)
+        record["_imprecise"] = _imprecise(times, plan, record)
+        # every rank keeps a CPU busy (MPI progress, a spinning device synchronize)
+        record["host_load"] = load.stop(plan.world)
     return times, output
 
 
@@ -412,8 +443,12 @@ def _run_job(plan: Plan, artifact: Path, job_dir: Path, lease_env: dict[str, str
         warmup=settings.warmup, wall_s=settings.wall_s, rtol=task.check.rtol,
         atol=task.check.atol)
     rng = np.random.default_rng(_job_seed(settings.seed, job_dir))
+    # batches of calls: Python solutions on the host backend (a GPU job's buffer sets and a
+    # compiled solution's prepared arguments are one per call so far)
     obs = observer.Observer(job_dir, world, plan.op, obs_settings, rng,
-                            staged=platform.backend != "cpu", timed=timed, trials=trials)
+                            staged=platform.backend != "cpu", timed=timed, trials=trials,
+                            batch=platform.backend == "cpu" and task.language == "python",
+                            batches=dict(plan.batches) if plan.batches else None)
     outcome = Outcome(Verdict.PASS)
     job = Job(argv, job_dir, plan.deadline, env=env)
     try:
@@ -447,6 +482,7 @@ def _run_job(plan: Plan, artifact: Path, job_dir: Path, lease_env: dict[str, str
         result = job.finish()
         obs.close()
     outcome.output, outcome.seconds = result.output, result.seconds
+    outcome.batches = obs.batches
     if outcome.verdict in (Verdict.RUNTIME_ERROR, Verdict.TIMEOUT):
         _blame(outcome, result, out, world, obs.loaded)
     return outcome

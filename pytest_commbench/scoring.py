@@ -27,13 +27,43 @@ NOT_APPLICABLE = ("skipped", "infra_error")
 MUTANT_UNJUDGED = (*NOT_APPLICABLE, "aborted")
 
 
-def band(speedup: float | None) -> str:
+INCONCLUSIVE = "inconclusive"
+# the worst of a task's items' timing trust is the task's
+TRUST_ORDER = ("ok", "noisy", "contended")
+
+
+def band(speedup: float | None, interval: list[float] | None = None,
+         trust: str | None = None) -> str:
+    """The speedup's band. Given a timing trust (timed records have one), a band is only
+    named where the speedup's 90% interval lies inside that band and the timing was not
+    contended (contention biases every job alike, which no interval shows; a `noisy`
+    speedup's wide interval speaks for itself); otherwise `inconclusive`. Without a trust
+    (records of older runs): the speedup's band."""
     if speedup is None:
         return ""
+    if trust is not None:
+        if trust == "contended" or not interval:
+            return INCONCLUSIVE
+        lo, hi = band(interval[0]), band(interval[1])
+        return lo if lo == hi else INCONCLUSIVE
     for floor, name in BANDS:
         if speedup >= floor:
             return name
     return BANDS[-1][1]
+
+
+def record_band(record: dict) -> str:
+    return band(record.get("speedup"), record.get("speedup_ci90"), record.get("timing_trust"))
+
+
+def _combine(speedups: list[float], intervals: list) -> list[float] | None:
+    """The 90% interval of a geometric mean of independently measured speedups, from theirs
+    (half-widths in log space add in quadrature, over n); None where any has none."""
+    if not speedups or any(not iv for iv in intervals):
+        return None
+    gm = geomean(speedups)
+    half = math.sqrt(sum((math.log(iv[1] / iv[0]) / 2) ** 2 for iv in intervals)) / len(speedups)
+    return [gm * math.exp(-half), gm * math.exp(half)]
 
 
 def geomean(values: Iterable[float]) -> float | None:
@@ -54,6 +84,10 @@ class Scores:
     gm_speedup: float | None
     pass_x_gm: float | None
     price: float | None
+    # 90% intervals of GM-Speedup and Pass x GM from the timing error alone (None where a
+    # passing task's speedup has no interval)
+    gm_ci90: list[float] | None = None
+    pass_x_gm_ci90: list[float] | None = None
 
 
 def per_task(records: Iterable[dict]) -> list[dict]:
@@ -85,6 +119,13 @@ def per_task(records: Iterable[dict]) -> list[dict]:
                         speedup=None)
         else:
             task.update(verdict="pass", speedup=geomean(r.get("speedup") for r in applicable))
+            trusts = [r["timing_trust"] for r in applicable if r.get("timing_trust")]
+            if trusts:
+                task["timing_trust"] = max(trusts, key=lambda t: TRUST_ORDER.index(t)
+                                           if t in TRUST_ORDER else len(TRUST_ORDER))
+            if task["speedup"] is not None and trusts:
+                task["speedup_ci90"] = _combine([r["speedup"] for r in applicable],
+                                                [r.get("speedup_ci90") for r in applicable])
         out.append(task)
     return out
 
@@ -99,6 +140,8 @@ def score(records: Iterable[dict]) -> Scores:
     n = len(applicable)
     pass_rate = len(passes) / n if n else None
     gm = geomean(r.get("speedup") for r in passes)
+    timed = [r for r in passes if r.get("speedup") is not None]
+    gm_ci = _combine([r["speedup"] for r in timed], [r.get("speedup_ci90") for r in timed])
     costs = [float(r.get("cost") or 0.0) for r in applicable]
     return Scores(
         applicable=n,
@@ -110,6 +153,9 @@ def score(records: Iterable[dict]) -> Scores:
         gm_speedup=gm,
         pass_x_gm=pass_rate * gm if pass_rate is not None and gm is not None else None,
         price=sum(costs) / n if n else None,
+        gm_ci90=gm_ci,
+        pass_x_gm_ci90=[pass_rate * x for x in gm_ci] if gm_ci and pass_rate is not None
+        else None,
     )
 
 

@@ -129,6 +129,8 @@ REQUEST_TIMEOUT_DESC = "seconds one request to a model may take (default 900)"
 SAMPLES_DESC = ("independent answers per task (each an item, e.g. [np2-s1]); pass@k for every "
                 "k up to it in the summary (default 1)")
 TEMPERATURE_DESC = "sampling temperature (default: the registry's, else the provider's)"
+CHECK_ONLY_DESC = ("correctness only: every item's trials and checked repetitions, no reference "
+                  "job and no timing (passes have no speedup)")
 BUDGET_USD_DESC = ("US dollars a task's answers may cost: no further refinement round once "
                    "spent (needs the model's prices)")
 
@@ -149,6 +151,7 @@ OPTIONS: list[Option] = [
     Option("warmup", count, 2, WARMUP_DESC),
     Option("budget", nonnegative_seconds, 0.25, BUDGET_DESC),
     Option("max_reps", count, 200, MAX_REPS_DESC),
+    Option("check_only", _flag, False, CHECK_ONLY_DESC, flag=True),
     Option("keep", _flag, False, KEEP_DESC, flag=True),
     Option("shared_node", _flag, False, SHARED_NODE_DESC, flag=True),
     Option("unsandboxed", _flag, False, UNSANDBOXED_DESC, flag=True),
@@ -268,6 +271,7 @@ class CommbenchState:
     keep: bool
     exclusive: bool
     sandboxed: bool
+    check_only: bool
     log: ResultsLog
     resume_upto: int | None = None  # resuming: the bytes of the log the killed run left
     manifest_errors: int = 0
@@ -452,6 +456,7 @@ def create(config: pytest.Config) -> CommbenchState:
         keep=bool(setting(config, "keep")),
         exclusive=not setting(config, "shared_node"),
         sandboxed=not setting(config, "unsandboxed"),
+        check_only=bool(setting(config, "check_only")),
         log=ResultsLog(run_dir / "results.jsonl"),
         resume_upto=resume_upto,
     )

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import math
+import os
+import resource
+import time
 from dataclasses import asdict, dataclass
+from typing import Any
 
 import numpy as np
 
@@ -118,3 +123,96 @@ def precise_enough(se: float | None, jobs_per_role: int, precision: float,
         return False
     dof = 2 * jobs_per_role - 2
     return se * np.sqrt(dof / chi2_quantile(1 - confidence, dof)) <= precision
+
+
+def t_quantile(p: float, dof: int) -> float:
+    """The p-quantile (p > 0.5) of Student's t with `dof` degrees of freedom: bisection on its
+    CDF, integrated numerically (Simpson) from the density."""
+    if dof < 1 or not 0.5 < p < 1:
+        raise ValueError(f"dof >= 1 and 0.5 < p < 1, got {dof}, {p}")
+    c = math.exp(math.lgamma((dof + 1) / 2) - math.lgamma(dof / 2)) / math.sqrt(dof * math.pi)
+
+    def cdf(x: float) -> float:
+        t = np.linspace(0.0, x, 2001)
+        f = c * (1 + t * t / dof) ** (-(dof + 1) / 2)
+        h = x / 2000
+        return 0.5 + h / 3 * (f[0] + f[-1] + 4 * f[1:-1:2].sum() + 2 * f[2:-1:2].sum())
+
+    lo, hi = 0.0, 1.0
+    while cdf(hi) < p:
+        hi *= 2
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if cdf(mid) < p else (lo, mid)
+    return (lo + hi) / 2
+
+
+def interval90(speedup: float, se: float | None, jobs_per_role: int) -> list[float] | None:
+    """The speedup's 90% interval from the standard error of its log (Student's t on the
+    2R - 2 degrees of freedom of the pooled job scatter); None without an error."""
+    if se is None or jobs_per_role < 2 or not speedup or speedup <= 0:
+        return None
+    half = t_quantile(0.95, 2 * jobs_per_role - 2) * se
+    return [speedup * math.exp(-half), speedup * math.exp(half)]
+
+
+def _cpus_busy(cpus: set[int]) -> float | None:
+    """Seconds the given CPUs have spent busy since boot (/proc/stat: everything but idle
+    and iowait; guest time is already in user), None where it cannot be read."""
+    total = 0
+    try:
+        with open("/proc/stat") as f:
+            for line in f:
+                name, *fields = line.split()
+                if not name.startswith("cpu") or name == "cpu":
+                    continue
+                if not name[3:].isdigit():
+                    break
+                if int(name[3:]) in cpus:
+                    v = [int(x) for x in fields[:8]]
+                    total += sum(v) - v[3] - v[4]
+    except (OSError, ValueError, IndexError):
+        return None
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+def _own_cpu() -> float:
+    """CPU seconds of this process and of the children it has reaped (the jobs it ran and
+    everything under them: mpiexec reaps its ranks, the sandbox's init its launcher)."""
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+CONTENTION_SLACK_CPUS = 0.25  # CPUs of demand beyond the supply that are not contention
+
+
+class HostLoad:
+    """How busy this process's CPUs were while an item was timed, and by whom: the busy time
+    of the CPUs it may run on (/proc/stat) less its own and its jobs' CPU time is the load
+    from outside the item (other pytest-xdist workers, other programs). `contended`: the
+    item's busy ranks, the observer and that load need more CPUs than there are (on a
+    2-CPU machine two spinning ranks leave the observer and the system no CPU, and calls
+    of a few microseconds were seen stalled for a scheduler tick in most batches)."""
+
+    def __init__(self) -> None:
+        self.cpus = set(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") \
+            else set(range(os.cpu_count() or 1))
+        self.started = self.busy0 = self.own0 = None
+
+    def start(self) -> None:
+        self.started, self.busy0, self.own0 = time.monotonic(), _cpus_busy(self.cpus), _own_cpu()
+
+    def stop(self, busy_ranks: int) -> dict[str, Any]:
+        """{cpus, ranks, outside_cpus (mean CPUs busy with other work; None: unknown),
+        contended}."""
+        wall = time.monotonic() - (self.started or time.monotonic())
+        busy = _cpus_busy(self.cpus)
+        outside = None
+        if self.busy0 is not None and busy is not None and wall > 0:
+            outside = max(0.0, (busy - self.busy0 - (_own_cpu() - self.own0)) / wall)
+        # the ranks, the observer (it wakes for every gate and "done") and the other load
+        demand = busy_ranks + 1 + (outside or 0.0)
+        return {"cpus": len(self.cpus), "ranks": busy_ranks,
+                "outside_cpus": None if outside is None else round(outside, 2),
+                "contended": demand > len(self.cpus) + CONTENTION_SLACK_CPUS}

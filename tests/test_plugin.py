@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
 import sys
 import time
 import xml.etree.ElementTree as ET
@@ -113,13 +115,67 @@ def test_missing_solution_is_no_solution(bench, tmp_path):
 def test_a_slower_solution_gets_a_speedup_below_one(bench):
     bench.add_task()
     result = bench.run(f"--commbench-model=dir:{bench.solution_dir('slow')}",
-                       "--commbench-reps=5")
+                       "--commbench-reps=5", "--commbench-timing-rounds=2",
+                       "--commbench-timing-max-rounds=2", "--junitxml=out.xml")
     result.assert_outcomes(passed=1)
     (record,) = bench.records()
     # the slow solution sleeps 3 ms per call; the reference needs far less at most sizes
     assert record["speedup"] < 0.5
     assert sorted(s["speedup"] for s in record["sizes"])[2] < 0.7  # the median size
-    assert record["band"] == "Severely degraded"
+    lo, hi = record["speedup_ci90"]
+    assert lo < record["speedup"] < hi < 0.6
+    # a band where the host was not busy with other work meanwhile (an item of its own)
+    assert record["timing_trust"] in ("ok", "noisy", "contended")
+    want = "inconclusive" if record["timing_trust"] == "contended" else "Severely degraded"
+    assert record["band"] == want, record["host_load"]
+    xml = (bench.root / "out.xml").read_text()
+    assert f'name="commbench.timing_trust" value="{record["timing_trust"]}"' in xml
+    assert 'name="commbench.speedup_ci90_hi"' in xml
+
+
+def _spinners(n: int) -> list:
+    return [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
+
+
+@pytest.mark.parametrize("model", ["reference", "slow"])
+def test_timing_under_outside_load_is_contended_not_a_confident_band(bench, model):
+    """Busy loops on every CPU (twice over) while an item is timed: its speedup is marked
+    `contended`, its band is inconclusive and the summary says why."""
+    bench.add_task()
+    spin = _spinners(2 * (os.cpu_count() or 1))
+    try:
+        who = "reference" if model == "reference" else f"dir:{bench.solution_dir(model)}"
+        result = bench.run(f"--commbench-model={who}", "--commbench-timing-rounds=2",
+                           "--commbench-timing-max-rounds=2")
+    finally:
+        for p in spin:
+            p.kill()
+            p.wait()
+    result.assert_outcomes(passed=1)
+    (record,) = bench.records()
+    assert record["timing_trust"] == "contended", record["host_load"]
+    assert record["host_load"]["outside_cpus"] > 0.5
+    assert record["band"] == "inconclusive"
+    result.stdout.fnmatch_lines(["*contended*inconclusive*",
+                                 "speedups not to be read as they stand (1): *ring_allreduce np2 "
+                                 "(contended: 2 busy ranks and * CPUs of other load on * CPUs)"])
+
+
+def test_check_only_runs_no_reference_job_and_times_nothing(bench):
+    bench.add_task()
+    bench.run("--commbench-check-only", "--commbench-keep").assert_outcomes(passed=1)
+    (record,) = bench.records()
+    assert record["check_only"] and record["speedup"] is None and record["sizes"] == []
+    assert "timing_trust" not in record and record["band"] == ""
+    jobs = {p.parent.parent.name for p in (bench.root / "runs").glob("*/work/*/*/ro/job.json")}
+    assert jobs == {"sol0"}  # no warm-up, no reference job
+    # it still judges: the template fails and every mutant is rejected
+    bench.run("--commbench-check-only", "--commbench-model=template").assert_outcomes(failed=1)
+    result = bench.run("--commbench-check-only", "--commbench-model=mutants")
+    assert result.ret == 0 and "passed" in result.stdout.str()
+    result = bench.run("--commbench-check-only",
+                       f"--commbench-model=dir:{bench.solution_dir('wrong_rank0')}")
+    result.assert_outcomes(failed=1)
 
 
 def test_rounds_are_added_while_the_speedup_is_imprecise_up_to_the_maximum(bench):
@@ -383,3 +439,19 @@ def test_a_tools_output_goes_verbatim_into_its_section_and_replaces_it(tmp_path)
     assert "19.9 us" in bench_md.read_text()
     assert main(["include", str(tmp_path / "missing.txt"), "--out", str(bench_md),
                  "--section", "p", "--title", "P", "--command", "c"]) == 2
+
+
+def test_every_call_of_a_timed_batch_is_checked(bench):
+    """Short calls are timed in batches of calls back to back; a solution that is right on
+    every call after a pause (the trials, each batch's first call) and wrong on the calls
+    that follow it within microseconds is a wrong answer, named by its call in the batch."""
+    bench.add_task(ranks=1)
+    result = bench.run(f"--commbench-model=dir:{bench.solution_dir('burst_skip')}")
+    result.assert_outcomes(failed=1)
+    (record,) = bench.records()
+    assert record["verdict"] == "wrong_answer", record["message"]
+    assert "timed repetition" in record["message"] and "back to back" in record["message"]
+    # the reference on one rank: small sizes are batched, the same for both roles
+    bench.run().assert_outcomes(passed=1)
+    sizes = bench.records()[-1]["sizes"]
+    assert sizes[0]["batch"] > 1 and all(s["batch"] >= 1 for s in sizes)

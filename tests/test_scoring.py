@@ -104,3 +104,43 @@ def test_a_task_is_scored_once_over_its_world_sizes():
     assert s.pass_rate == pytest.approx(2 / 3)
     assert s.gm_speedup == pytest.approx(1.5 ** 0.5)
     assert s.price == pytest.approx(0.5 / 3)
+
+
+@pytest.mark.parametrize("dof, want", [(1, 6.3138), (2, 2.9200), (4, 2.1318), (10, 1.8125),
+                                       (100, 1.6602)])
+def test_t_quantiles_match_the_tables(dof, want):
+    assert timing.t_quantile(0.95, dof) == pytest.approx(want, abs=2e-4)
+
+
+def test_a_band_needs_its_whole_interval_and_an_uncontended_timing():
+    assert scoring.band(1.0) == "Comparable"  # a record of an older run: no trust, the plain band
+    assert scoring.band(1.0, [0.97, 1.03], "ok") == "Comparable"
+    assert scoring.band(1.0, [0.97, 1.03], "noisy") == "Comparable"  # the interval speaks for it
+    assert scoring.band(1.0, [0.97, 1.03], "contended") == "inconclusive"
+    assert scoring.band(0.96, [0.93, 0.99], "ok") == "inconclusive"  # straddles 0.95
+    assert scoring.band(1.3, None, "ok") == "inconclusive"  # no error, no band
+    assert scoring.band(None, None, "ok") == ""
+    iv = timing.interval90(1.0, 0.01, 2)  # two jobs a role: t(0.95, 2 dof) = 2.92
+    assert iv == pytest.approx([math.exp(-0.0292), math.exp(0.0292)], rel=1e-4)
+    assert timing.interval90(1.0, None, 3) is None and timing.interval90(1.0, 0.01, 1) is None
+
+
+def test_a_tasks_interval_and_trust_come_from_its_world_sizes():
+    common = {"task": "a", "kind": "solution", "verdict": "pass"}
+    records = [{**common, "world": 2, "speedup": 1.0, "speedup_ci90": [0.9, 1 / 0.9],
+                "timing_trust": "ok"},
+               {**common, "world": 4, "speedup": 1.0, "speedup_ci90": [0.9, 1 / 0.9],
+                "timing_trust": "noisy"},
+               {"task": "b", "kind": "solution", "verdict": "pass", "world": 2, "speedup": 2.0,
+                "speedup_ci90": [1.9, 2.1], "timing_trust": "contended"}]
+    tasks = {t["task"]: t for t in scoring.per_task(records)}
+    assert tasks["a"]["timing_trust"] == "noisy"
+    half = math.log(1 / 0.9) * math.sqrt(2) / 2  # two equal errors, a mean of two
+    assert tasks["a"]["speedup_ci90"] == pytest.approx([math.exp(-half), math.exp(half)])
+    s = scoring.score(records)
+    assert s.gm_speedup == pytest.approx(2 ** 0.5)
+    lo, hi = s.gm_ci90
+    assert lo < s.gm_speedup < hi and s.pass_x_gm_ci90 == pytest.approx([lo, hi])
+    # a passing task without an interval: GM-Speedup has none either
+    assert scoring.score([*records, {"task": "c", "kind": "solution", "verdict": "pass",
+                             "speedup": 1.0}]).gm_ci90 is None

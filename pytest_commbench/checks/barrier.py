@@ -19,6 +19,7 @@ TIMED_DELAY_S = (5e-6, 2e-3)
 
 class Barrier(Op):
     name = "barrier"
+    batchable = False  # every call's entries and exits are checked
 
     def args(self, params):
         return []

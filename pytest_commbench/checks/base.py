@@ -174,6 +174,10 @@ class Op:
             trial.delays = [0.0] * case.world
         return trial
 
+    # timed repetitions of small sizes may be batches of back-to-back calls (an op whose
+    # check needs each call's own entry and exit times, a barrier's, may not)
+    batchable = True
+
     @property
     def samples_outputs(self) -> bool:
         """Whether expected() gives every output element (so positions can be spot-checked

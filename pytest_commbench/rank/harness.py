@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from .backends import make_backend
-from .protocol import Control, W, socket_address, views
+from .protocol import Control, W, batch_sets, socket_address, views
 
 PR_SET_DUMPABLE = 4
 # once the audit hook is installed, the only safe way to format an exception (reading
@@ -324,7 +324,17 @@ class Calls:
                 shared = views(self.data, placed)
                 bufs = shared if not b.staged else {
                     name: b.empty(shape, dtype) for name, _kind, shape, dtype, _o in placed}
-            self.bind(case, ctx, bufs, fresh)  # context values may change from call to call
+            batch = int(info.get("batch", 1))
+            if batch > 1:  # calls back to back, one buffer set (and context values) each
+                extras = info.get("extras") or [{}] * batch
+                argsets = []
+                for j, one in enumerate(batch_sets(bufs, batch)):
+                    for key, value in extras[j].items():
+                        setattr(ctx, key, value)
+                    self.bind(case, ctx, one, fresh and j == 0)
+                    argsets.append((extras[j], self.args))
+            else:
+                self.bind(case, ctx, bufs, fresh)  # context values may change per call
             if b.staged:
                 for name, kind, *_ in placed:
                     if kind == "in":
@@ -336,7 +346,14 @@ class Calls:
                 self.link.ring()
                 if not self.wait("gate", k, index):
                     return
-            self.call(ctx)
+            if batch > 1:
+                for values, args in argsets:
+                    for key, value in values.items():
+                        setattr(ctx, key, value)
+                    self.args = args
+                    self.call(ctx)
+            else:
+                self.call(ctx)
             b.synchronize()
             self.ctl.set("done", k)
             self.link.ring()

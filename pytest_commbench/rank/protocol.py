@@ -21,6 +21,10 @@ A call k (numbered from 1 over the whole job):
 - staged backends, once the observer has seen every rank done and set FETCH = k (a peer may
   write into this rank's outputs through CUDA IPC until then), copy the outputs back and
   set SAVED = k.
+A batched call (timed repetitions of small sizes) is B calls back to back behind one gate,
+each on a buffer set of its own (fresh inputs each; buffers "<name>@j", context values per
+set in the layout's "extras"): DONE is set once the last of them is done and the device is
+idle, and the observer takes the batch's time over B as each call's.
 END = n tells the rank that case n (1-based) has no more calls. CASE is the case (1-based) that
 call k belongs to, set before its first word: a rank that sees the next case's first call
 before it saw END of its case leaves that call for the next case's loop.
@@ -66,6 +70,25 @@ def views(buf, placed: list[list]) -> dict[str, np.ndarray]:
         count = int(np.prod(shape, dtype=np.int64))
         out[name] = np.frombuffer(buf, dtype=np.dtype(dtype), count=count,
                                   offset=offset).reshape(shape)
+    return out
+
+
+BATCH_SEP = "@"  # a batched call's buffer set j names its buffers "<name>@j"
+
+
+def set_name(name: str, j: int, batch: int) -> str:
+    return f"{name}{BATCH_SEP}{j}" if batch > 1 else name
+
+
+def batch_sets(bufs: dict, batch: int) -> list[dict]:
+    """The buffer sets of a call of `batch` back-to-back calls (name -> buffer, one dict per
+    call); a call of one is its buffers as they are."""
+    if batch <= 1:
+        return [bufs]
+    out: list[dict] = [{} for _ in range(batch)]
+    for name, buf in bufs.items():
+        base, _, j = name.rpartition(BATCH_SEP)
+        out[int(j)][base] = buf
     return out
 
 
