@@ -109,15 +109,17 @@ def markdown_section(records: list[dict], title: str, command: str,
             if s.get("jobs_ref_us"):
                 jobs = (" ".join(f"{x:.4g}" for x in s["jobs_ref_us"]) + " / "
                         + " ".join(f"{x:.4g}" for x in s["jobs_sol_us"]))
-            sizes.append([r["task"], r.get("world"), s["count"], s["dtype"],
+            sizes.append([r["task"], r.get("world"), s["count"], s["dtype"], s.get("batch", 1),
                           f"{s['t_ref_us']:.1f}", f"{s['t_sol_us']:.1f}",
                           f"{100 * s['spread_ref']:.0f}%", f"{100 * s['spread_sol']:.0f}%",
                           "-" if s.get("value_sol") is None else f"{s['value_sol']:.3g} {s['unit']}",
                           f"{s['speedup']:.3f}", jobs])
     if sizes:
-        lines += ["Per size (median times over all timed repetitions, spread = IQR / median, "
-                  "then each job's median in the order the jobs ran):", ""]
-        lines.append(tabulate(sizes, headers=["task", "np", "count", "dtype", "ref us", "sol us",
+        lines += ["Per size (calls per timed batch, median times per call over all timed "
+                  "repetitions, spread = IQR / median, then each job's median in the order the "
+                  "jobs ran):", ""]
+        lines.append(tabulate(sizes, headers=["task", "np", "count", "dtype", "batch", "ref us",
+                                              "sol us",
                                               "ref spread", "sol spread", "metric (sol)",
                                               "speedup", "job medians us (ref / sol)"],
                               tablefmt="github"))

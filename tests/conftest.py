@@ -13,7 +13,8 @@ pytest_plugins = ["pytester"]
 
 REPO = Path(__file__).resolve().parent.parent
 TASK = "collective/ring_allreduce"
-# quick settings: the tests check the pipeline, not the numbers
+# quick settings: the tests check the pipeline, not the numbers; correctness only unless a
+# test times (Bench.timed)
 INI = """[pytest]
 commbench_runs_dir = runs
 commbench_timing_rounds = 1
@@ -22,6 +23,7 @@ commbench_reps = 3
 commbench_budget = 0
 commbench_warmup = 1
 """
+CHECK_ONLY = "commbench_check_only = true\n"
 
 
 class Bench:
@@ -30,7 +32,12 @@ class Bench:
     def __init__(self, pytester: pytest.Pytester) -> None:
         self.pytester = pytester
         self.root = pytester.path
+        (self.root / "pytest.ini").write_text(INI + CHECK_ONLY)
+
+    def timed(self) -> Bench:
+        """Items are timed against the reference (the tests of the timing itself)."""
         (self.root / "pytest.ini").write_text(INI)
+        return self
 
     def add_task(self, relpath: str = TASK, ranks: int | None = 2, name: str | None = None,
                  sizes: list[int] | None = None) -> Path:

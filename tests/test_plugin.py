@@ -16,6 +16,7 @@ NODE = "suites/collective/ring_allreduce/task.toml::ring_allreduce[np2]"
 
 
 def test_reference_passes_and_reports_scores(bench):
+    bench.timed()
     bench.add_task()
     result = bench.run("--junitxml=out.xml")
     result.assert_outcomes(passed=1)
@@ -113,6 +114,7 @@ def test_missing_solution_is_no_solution(bench, tmp_path):
 
 
 def test_a_slower_solution_gets_a_speedup_below_one(bench):
+    bench.timed()
     bench.add_task()
     result = bench.run(f"--commbench-model=dir:{bench.solution_dir('slow')}",
                        "--commbench-reps=5", "--commbench-timing-rounds=2",
@@ -123,11 +125,14 @@ def test_a_slower_solution_gets_a_speedup_below_one(bench):
     assert record["speedup"] < 0.5
     assert sorted(s["speedup"] for s in record["sizes"])[2] < 0.7  # the median size
     lo, hi = record["speedup_ci90"]
-    assert lo < record["speedup"] < hi < 0.6
-    # a band where the host was not busy with other work meanwhile (an item of its own)
+    assert lo < record["speedup"] < hi
+    # a band where the host was not busy with other work meanwhile (other tests' busy loops
+    # under xdist make the interval wide and the timing contended)
     assert record["timing_trust"] in ("ok", "noisy", "contended")
-    want = "inconclusive" if record["timing_trust"] == "contended" else "Severely degraded"
-    assert record["band"] == want, record["host_load"]
+    if record["timing_trust"] == "contended":
+        assert record["band"] == "inconclusive"
+    else:
+        assert hi < 0.6 and record["band"] == "Severely degraded", record["host_load"]
     xml = (bench.root / "out.xml").read_text()
     assert f'name="commbench.timing_trust" value="{record["timing_trust"]}"' in xml
     assert 'name="commbench.speedup_ci90_hi"' in xml
@@ -141,6 +146,7 @@ def _spinners(n: int) -> list:
 def test_timing_under_outside_load_is_contended_not_a_confident_band(bench, model):
     """Busy loops on every CPU (twice over) while an item is timed: its speedup is marked
     `contended`, its band is inconclusive and the summary says why."""
+    bench.timed()
     bench.add_task()
     spin = _spinners(2 * (os.cpu_count() or 1))
     try:
@@ -179,6 +185,7 @@ def test_check_only_runs_no_reference_job_and_times_nothing(bench):
 
 
 def test_rounds_are_added_while_the_speedup_is_imprecise_up_to_the_maximum(bench):
+    bench.timed()
     bench.add_task(ranks=2)
     # nothing is ever precise enough: every round up to the maximum runs
     bench.run("--commbench-timing-rounds=2", "--commbench-timing-max-rounds=3",
@@ -199,6 +206,7 @@ def test_rounds_are_added_while_the_speedup_is_imprecise_up_to_the_maximum(bench
 
 
 def test_the_warm_up_job_is_timed_like_the_others_and_its_times_are_not_counted(bench):
+    bench.timed()
     bench.add_task(ranks=2)
     bench.run("--commbench-keep").assert_outcomes(passed=1)
     (record,) = bench.records()
@@ -445,6 +453,7 @@ def test_every_call_of_a_timed_batch_is_checked(bench):
     """Short calls are timed in batches of calls back to back; a solution that is right on
     every call after a pause (the trials, each batch's first call) and wrong on the calls
     that follow it within microseconds is a wrong answer, named by its call in the batch."""
+    bench.timed()
     bench.add_task(ranks=1)
     result = bench.run(f"--commbench-model=dir:{bench.solution_dir('burst_skip')}")
     result.assert_outcomes(failed=1)
