@@ -2,6 +2,7 @@
 
     commbench report .commbench/runs/<run>/results.jsonl [more logs ...]
     commbench report .commbench/runs            (the newest run in that folder)
+    commbench report RUN... --out DIR           (leaderboard: report.md, CSV, JSON, figures)
     commbench markdown RUN --section NAME --title TITLE --command CMD [--out BENCHMARKS.md]
     commbench compile [suites] [--references DIR] [--platform h200]
     commbench tasks [suites]
@@ -17,7 +18,6 @@ from tabulate import tabulate
 
 from .report import render
 from .results import load, merge
-from .scoring import score
 from .tasks import MANIFEST, ManifestError, load_task
 
 
@@ -31,7 +31,14 @@ def _logs(path: Path) -> list[Path]:
     return runs[-1:] if runs else []
 
 
+def _sep(sep: str, title: str) -> None:
+    print(f" {title} ".center(100, sep))
+
+
 def cmd_report(args: argparse.Namespace) -> int:
+    from . import leaderboard
+    from .models.registry import RegistryError
+
     records: list[dict] = []
     for raw in args.paths:
         logs = _logs(Path(raw))
@@ -40,23 +47,45 @@ def cmd_report(args: argparse.Namespace) -> int:
             return 2
         for log in logs:
             records += load(log)
-    # an item of one model in several logs (a run and its rerun) counts once: the later result
-    per_model: dict[str, list[dict]] = {}
-    for record in merge(records):
-        per_model.setdefault(record.get("model", "?"), []).append(record)
-    for model, records in sorted(per_model.items()):
-        render(records, print, lambda sep, title: print(f" {title} ".center(100, sep)),
-               header=f"commbench: model {model}")
-        print()
-    if len(per_model) > 1:
-        rows = []
-        for model, records in per_model.items():
-            s = score(records)
-            rows.append([model, s.applicable, s.pass_rate, s.pass_good, s.gm_speedup, s.pass_x_gm,
-                         s.price])
-        rows.sort(key=lambda r: -(r[5] or 0))
-        print(tabulate(rows, headers=["model", "tasks", "Pass Rate", "PASS+Good", "GM-Speedup",
-                                      "Pass x GM", "Price"], floatfmt=".3f"))
+    groups = leaderboard.split(records)
+    if len(groups) > 1 and not args.by_fingerprint:
+        try:
+            leaderboard.check_one_fingerprint(records)
+        except leaderboard.FingerprintMismatch as exc:
+            print(f"commbench report: {exc}", file=sys.stderr)
+            return 2
+    if len(groups) > 1 and args.readme:
+        print("commbench report: --readme takes runs of one fingerprint", file=sys.stderr)
+        return 2
+    command = " ".join(["commbench report", *args.paths]
+                       + ([f"--models-file {args.models_file}"] if args.models_file else [])
+                       + (["--by-fingerprint"] if args.by_fingerprint else [])
+                       + ([f"--out {args.out}"] if args.out else []))
+    for label, fp, group in groups:
+        if len(groups) > 1:
+            _sep("#", f"fingerprint group {label}")
+            print(leaderboard.fingerprint_line(fp))
+            print()
+        try:
+            # an item of one model in several logs (a run and its rerun) counts once
+            board = leaderboard.build(group, Path(args.models_file) if args.models_file
+                                      else None)
+        except RegistryError as exc:
+            print(f"commbench report: {exc}", file=sys.stderr)
+            return 2
+        leaderboard.render(board, print, _sep)
+        if args.out:
+            out = Path(args.out) / label if len(groups) > 1 else Path(args.out)
+            written = leaderboard.write(board, out, command)
+            print(f"commbench: wrote {len(written)} files to {out}: "
+                  + ", ".join(p.name for p in written))
+            if not any(p.suffix == ".png" for p in written):
+                print("commbench: no figures drawn (matplotlib is missing: install the "
+                      "'plots' extra); report.md has them as text")
+        if args.readme:
+            write_section(Path(args.readme), leaderboard.README_SECTION,
+                          leaderboard.leaderboard_markdown(board))
+            print(f"commbench: wrote the leaderboard into {args.readme}")
     return 0
 
 
@@ -296,7 +325,19 @@ def main(argv: list[str] | None = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
     rep = sub.add_parser("report", help="scores and tables from results logs")
-    rep.add_argument("paths", nargs="+", help="results.jsonl files, run folders or runs folders")
+    rep.add_argument("paths", nargs="+", help="results.jsonl files, run folders or runs folders "
+                                              "(a runs folder: its newest run)")
+    rep.add_argument("--out", metavar="DIR",
+                     help="write report.md, leaderboard.csv, leaderboard.json and the figures "
+                          "(PNGs, with the 'plots' extra) into DIR")
+    rep.add_argument("--by-fingerprint", action="store_true",
+                     help="runs of different hardware/software: one report per fingerprint "
+                          "(DIR/<platform>-<hash>) instead of refusing them")
+    rep.add_argument("--models-file", metavar="TOML",
+                     help="a model registry file to overlay (open weights, prices)")
+    rep.add_argument("--readme", metavar="FILE",
+                     help="also write the leaderboard table into FILE between "
+                          "<!-- commbench:leaderboard --> markers")
     rep.set_defaults(func=cmd_report)
     md = sub.add_parser("markdown", help="write a run's figures into a section of BENCHMARKS.md")
     md.add_argument("run", nargs="+",

@@ -66,6 +66,10 @@ def base_record(task: Task, world: int, candidate_id: str, kind: str, nodeid: st
         "category": task.category, "library": task.library, "difficulty": task.difficulty,
         "setup": task.setup, "world": world, "model": state.model.name,
         "platform": state.platform.name, "candidate": candidate_id, "kind": kind,
+        # the run's settings that make its results another configuration of the model (a
+        # leaderboard keeps 1-round and 5-round runs, or budgeted ones, apart)
+        "refine_rounds": getattr(state, "refine_rounds", None),
+        "budget_usd": getattr(state, "budget_usd", None),
     }
 
 

@@ -6,10 +6,10 @@ import pytest
 
 from . import hookspecs
 from .items import TaskManifest, is_manifest, record_crashed_item, record_from_report
+from .leaderboard import render_run
 from .models.api import api_model_names, make_api_model
 from .models.builtin import BUILTIN_NAMES, make_builtin
 from .platforms import make as make_platform
-from .report import render
 from .session import OPTIONS, STATE, create, flag_name, labelled
 
 MARKERS = {
@@ -151,6 +151,6 @@ class ResultsCollector:
         if not self.by_node:
             return
         state = self.state
-        render(self.records, terminalreporter.write_line, terminalreporter.write_sep,
+        render_run(self.records, terminalreporter.write_line, terminalreporter.write_sep,
                header=f"commbench: model {state.model.name} on {state.platform.name}")
         terminalreporter.write_line(f"seed {state.seed}; results log {state.log.path}")

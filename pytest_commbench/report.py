@@ -11,6 +11,8 @@ from tabulate import tabulate
 from .scoring import (
     MUTANT_UNJUDGED,
     NOT_APPLICABLE,
+    Intervals,
+    bootstrap,
     breakdown,
     pass_at_k,
     per_task,
@@ -32,6 +34,21 @@ def _num(x: float | None, digits: int = 3) -> str:
 
 def _interval(iv: list[float] | None) -> str:
     return "" if not iv else f" [{iv[0]:.3f}, {iv[1]:.3f}]"
+
+
+def _pct_interval(iv: list[float] | None) -> str:
+    return "-" if not iv else f"[{100 * iv[0]:.1f}%, {100 * iv[1]:.1f}%]"
+
+
+def intervals_line(iv: Intervals) -> str:
+    """The scores' intervals over tasks, as one line (empty with fewer than two tasks)."""
+    if iv.tasks < 2:
+        return ""
+    return (f"{iv.level:.0%} intervals over tasks ({iv.resamples} bootstrap draws of "
+            f"{iv.tasks} tasks): Pass Rate {_pct_interval(iv.pass_rate)}   "
+            f"PASS+Good {_pct_interval(iv.pass_good)}   "
+            f"GM-Speedup {_interval(iv.gm_speedup).strip() or '-'}   "
+            f"Pass x GM {_interval(iv.pass_x_gm).strip() or '-'}")
 
 
 def _task_rows(records: list[dict]) -> list[list[str]]:
@@ -92,14 +109,16 @@ def pass_at_ks(records: list[dict]) -> list[tuple[int, float]]:
 def passes_by_round(records: list[dict]) -> list[tuple[int, int]]:
     """Cumulative task passes after each refinement round (the paper's Table 3); empty where
     no record went through rounds. A task passes in round r when every applicable world size
-    had passed by then."""
+    had passed by then; a task is one model's (records of several models are several tasks,
+    as `per_task` counts them)."""
     rounds = max((len(r.get("round_history") or []) for r in records), default=0)
     if rounds == 0:
         return []
     tasks: dict[tuple, list[dict]] = {}
     for r in records:
         if r["verdict"] not in NOT_APPLICABLE:
-            tasks.setdefault((r.get("task"), r.get("candidate", "")), []).append(r)
+            tasks.setdefault((r.get("model", ""), r.get("task"), r.get("candidate", "")),
+                             []).append(r)
     out = []
     for n in range(1, rounds + 1):
         out.append((n, sum(1 for items in tasks.values() if all(
@@ -141,6 +160,9 @@ def render(records: list[dict], write_line: WriteLine, write_sep: WriteSep,
             f"Price {'-' if s.price is None else f'${s.price:.4f}'}/task"
             + (f"   ({s.not_applicable} not applicable)" if s.not_applicable else "")
         )
+        spread = intervals_line(bootstrap(solutions))
+        if spread:
+            write_line(spread)
         ks = pass_at_ks(solutions)
         if ks:
             write_line("pass@k over the samples: " + ", ".join(

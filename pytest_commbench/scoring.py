@@ -171,3 +171,77 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     if n - c < k:
         return 1.0
     return 1.0 - math.prod(1.0 - k / i for i in range(n - c + 1, n + 1))
+
+
+# the uncertainty of the scores over tasks: which tasks a suite has is itself a draw
+RESAMPLES = 2000
+BOOTSTRAP_SEED = 20261201
+LEVEL = 0.90
+
+
+@dataclass(frozen=True)
+class Intervals:
+    """Percentile intervals (LEVEL) of the scores from resampling the tasks; None where the
+    score itself is none."""
+    pass_rate: list[float] | None
+    pass_good: list[float] | None
+    gm_speedup: list[float] | None
+    pass_x_gm: list[float] | None
+    tasks: int = 0
+    resamples: int = RESAMPLES
+    seed: int = BOOTSTRAP_SEED
+    level: float = LEVEL
+
+
+def _timed(r: dict) -> bool:
+    s = r.get("speedup")
+    return s is not None and s > 0 and math.isfinite(s)
+
+
+def bootstrap(records: Iterable[dict], resamples: int = RESAMPLES, seed: int = BOOTSTRAP_SEED,
+              level: float = LEVEL) -> Intervals:
+    """Intervals of Pass Rate, PASS+Good, GM-Speedup and Pass x GM over tasks: the applicable
+    tasks are drawn with replacement `resamples` times (a task's samples go together) and each
+    score is computed on every draw as `score` computes it; the interval is the central
+    `level` of the draws, widened where needed to hold the score itself. Deterministic (a
+    fixed seed). A draw in which nothing passes has Pass x GM 0."""
+    import numpy as np
+
+    records = [r for r in records if r.get("kind", "solution") == "solution"]
+    point = score(records)
+    clusters: dict[object, list[dict]] = {}
+    for t in per_task(records):
+        if t["verdict"] not in NOT_APPLICABLE:
+            clusters.setdefault(t.get("task") or t.get("nodeid") or id(t), []).append(t)
+    n = len(clusters)
+    if n == 0:
+        return Intervals(None, None, None, None, 0, resamples, seed, level)
+    groups = list(clusters.values())
+    applicable = np.array([len(g) for g in groups], dtype=float)
+    passes = np.array([sum(t["verdict"] == "pass" for t in g) for g in groups], dtype=float)
+    good = np.array([sum(t["verdict"] == "pass" and t.get("speedup") is not None
+                         and t["speedup"] >= GOOD for t in g) for g in groups], dtype=float)
+    timed = np.array([sum(t["verdict"] == "pass" and _timed(t) for t in g) for g in groups],
+                     dtype=float)
+    logs = np.array([sum(math.log(t["speedup"]) for t in g
+                         if t["verdict"] == "pass" and _timed(t)) for g in groups])
+    draws = np.random.default_rng(seed).integers(0, n, size=(resamples, n))
+    a, p, g_, k, lg = (x[draws].sum(axis=1) for x in (applicable, passes, good, timed, logs))
+    pass_rate, pass_good = p / a, g_ / a
+    with np.errstate(divide="ignore", invalid="ignore"):
+        gm = np.where(k > 0, np.exp(lg / np.maximum(k, 1)), np.nan)
+    pass_x_gm = np.where(p == 0, 0.0, pass_rate * gm)
+    tail = 100 * (1 - level) / 2
+
+    def interval(values, estimate: float | None) -> list[float] | None:
+        if estimate is None:
+            return None
+        values = values[~np.isnan(values)]
+        if values.size == 0:
+            return [estimate, estimate]
+        lo, hi = (float(x) for x in np.percentile(values, [tail, 100 - tail]))
+        return [min(lo, estimate), max(hi, estimate)]
+
+    return Intervals(interval(pass_rate, point.pass_rate), interval(pass_good, point.pass_good),
+                     interval(gm, point.gm_speedup), interval(pass_x_gm, point.pass_x_gm),
+                     n, resamples, seed, level)
