@@ -97,7 +97,8 @@ def _who(records: list[dict]) -> str:
 def difference(groups: list[tuple[dict, list[dict]]]) -> str:
     """What differs between fingerprint groups, field by field, with whose records have
     each value."""
-    fields = sorted({k for fp, _ in groups for k in fp}) or ["fingerprint"]
+    fields = sorted({k for fp, _ in groups for k in fp}, key=lambda k: (k != "platform", k)) \
+        or ["fingerprint"]
     lines = []
     for key in fields:
         values = [fp.get(key, "(not recorded)") if fp else "(no fingerprint)" for fp, _ in groups]
@@ -681,11 +682,11 @@ def write(board: Board, out: Path, commands: str = "") -> list[Path]:
     written: list[Path] = []
     images: dict[str, str] = {}
     try:
-        from . import figures as plots
+        from .figures import draw
     except ImportError:  # matplotlib is the `plots` extra
-        plots = None
-    if plots is not None:
-        for path in plots.draw(board, out):
+        draw = None
+    if draw is not None:
+        for path in draw(board, out):
             images[path.stem] = path.name
             written.append(path)
     (out / "report.md").write_text(markdown(board, images, commands) + "\n")
