@@ -24,7 +24,7 @@ import csv
 import hashlib
 import json
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -166,6 +166,8 @@ class Entry:
 class Board:
     entries: list[Entry]  # ranked by Pass x GM
     fingerprint: dict
+    # runs of no solution (`mutants`: the checker's test, not a model's): shown, never ranked
+    unranked: list[Entry] = field(default_factory=list)
 
     @property
     def tasks(self) -> dict[str, dict]:
@@ -236,7 +238,7 @@ def build(records: Iterable[dict], models_file: Path | None = None,
                 open_weights=getattr(spec, "open_weights", None),
                 paper_price=getattr(spec, "paper_price", None),
                 refine_rounds=rounds, budget_usd=budget))
-    # entries with no solution records (a mutants run: the checker's test) rank nowhere
+    unranked = [e for e in entries if not e.solutions]
     entries = [e for e in entries if e.solutions]
     entries.sort(key=lambda e: (e.scores.pass_x_gm is None, -(e.scores.pass_x_gm or 0),
                                 -(e.scores.pass_rate or 0), e.label))
@@ -245,7 +247,7 @@ def build(records: Iterable[dict], models_file: Path | None = None,
         if i and separated(entries[i - 1], e):
             tier += 1
         e.rank, e.tier = i + 1, tier
-    return Board(entries, fp)
+    return Board(entries, fp, unranked)
 
 
 # -- the numbers of each table and figure -----------------------------------------------------
@@ -543,7 +545,7 @@ def render_run(records: list[dict], write_line: WriteLine, write_sep: WriteSep,
 def render(board: Board, write_line: WriteLine, write_sep: WriteSep) -> None:
     """The whole report for the terminal: each entry's run as the pytest summary shows it, then
     the tables and the figures as text bars."""
-    for e in board.entries:
+    for e in board.entries + board.unranked:
         render_run(e.records, write_line, write_sep, header=f"commbench: model {e.label}")
         write_line("")
     if not board.entries:

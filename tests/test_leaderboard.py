@@ -452,3 +452,18 @@ def test_the_pytest_summary_is_the_same_renderer(bench):
     out = result.stdout.lines
     start = out.index(lines[0])
     assert out[start:start + len(lines)] == lines
+
+
+def test_a_mutants_run_is_shown_and_never_ranked(tmp_path):
+    common = {"event": "result", "category": "p2p", "library": "mpi", "difficulty": "easy",
+              "setup": "bare-metal", "world": 2, "task": "p2p/pingpong"}
+    recs = [{**common, "model": "mutants", "kind": "mutant", "nodeid": "m1", "candidate":
+             "mutant-a", "verdict": "wrong_answer"},
+            {**common, "model": "reference", "kind": "solution", "nodeid": "r", "candidate": "",
+             "verdict": "pass", "speedup": 1.0}]
+    b = leaderboard.build(recs)
+    assert [e.label for e in b.entries] == ["reference"]
+    assert [e.label for e in b.unranked] == ["mutants"]
+    lines: list[str] = []
+    leaderboard.render(b, lines.append, lambda sep, title: lines.append(title))
+    assert "commbench: model mutants" in lines and "mutants rejected: 1/1" in lines

@@ -144,3 +144,28 @@ def test_a_tasks_interval_and_trust_come_from_its_world_sizes():
     # a passing task without an interval: GM-Speedup has none either
     assert scoring.score([*records, {"task": "c", "kind": "solution", "verdict": "pass",
                              "speedup": 1.0}]).gm_ci90 is None
+
+
+def test_passes_by_round_counts_each_models_task_apart():
+    from pytest_commbench.report import passes_by_round
+
+    history = [{"round": 1, "verdict": "wrong_answer"}, {"round": 2, "verdict": "pass"}]
+    recs = [{"model": "a", "task": "t", "candidate": "", "verdict": "pass", "round": 2,
+             "round_history": history},
+            {"model": "b", "task": "t", "candidate": "", "verdict": "pass", "round": 1,
+             "round_history": history[:1]},
+            {"model": "b", "task": "u", "candidate": "", "verdict": "timeout", "round": None,
+             "round_history": history}]
+    # three tasks (one of a, two of b): b's t by round 1, a's t by round 2, b's u never
+    assert passes_by_round(recs) == [(1, 1), (2, 2)]
+
+
+def test_bootstrap_intervals_hold_the_scores_and_repeat():
+    recs = [{"task": f"t{k}", "nodeid": f"t{k}", "verdict": "pass" if k % 3 else "wrong_answer",
+             "speedup": 0.5 + k / 10 if k % 3 else None} for k in range(12)]
+    s, iv = scoring.score(recs), scoring.bootstrap(recs)
+    assert iv == scoring.bootstrap(recs) and iv.tasks == 12 and iv.resamples == 2000
+    for name in ("pass_rate", "pass_good", "gm_speedup", "pass_x_gm"):
+        lo, hi = getattr(iv, name)
+        assert lo <= getattr(s, name) <= hi and lo < hi
+    assert scoring.bootstrap(recs, seed=1) != iv  # other draws, other bounds
