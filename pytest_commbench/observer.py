@@ -34,6 +34,7 @@ from .rank.protocol import (
     SOCKET,
     Control,
     batch_sets,
+    feed_pipe,
     layout,
     memfd,
     poison_value,
@@ -130,6 +131,8 @@ class Rank:
         # the rank's wake-up call: a byte after every word the observer sets for it, so a
         # rank that waits long sleeps in the kernel instead of spinning
         self.wake_r, self.wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        # a batch's inputs, call after call (protocol.py): the rank reads, the observer writes
+        self.feed_r, self.feed_w, self.feed_bytes = feed_pipe()
         self.data_bytes = 0
         self.buffer = b""
         self.placed: list[list] = []
@@ -153,10 +156,11 @@ class Rank:
             pass
 
     def close(self) -> None:
-        for fd in (self.ctl_fd, self.data_fd, self.wake_r, self.wake_w):
+        for fd in (self.ctl_fd, self.data_fd, self.wake_r, self.wake_w, self.feed_r,
+                   self.feed_w):
             if fd >= 0:
                 os.close(fd)
-        self.ctl_fd = self.data_fd = self.wake_r = self.wake_w = -1
+        self.ctl_fd = self.data_fd = self.wake_r = self.wake_w = self.feed_r = self.feed_w = -1
         try:
             self.conn.close()
         except OSError:
@@ -315,7 +319,10 @@ class Observer:
                 rank = Rank(conn, number)
                 rank.grow(1 << 16)
                 socket.send_fds(conn, [json.dumps({"data_bytes": rank.data_bytes}).encode()],
-                                [rank.ctl_fd, rank.data_fd, self.bell_w, rank.wake_r])
+                                [rank.ctl_fd, rank.data_fd, self.bell_w, rank.wake_r,
+                                 rank.feed_r])
+                os.close(rank.feed_r)  # the rank's end alone
+                rank.feed_r = -1
                 conn.setblocking(False)
                 self.ranks[number] = rank
             if any(r is None for r in self.ranks):
@@ -339,8 +346,9 @@ class Observer:
         for number in range(self.world):
             specs = []
             for j, trial in enumerate(trials):
-                specs += [(set_name(n, j, batch), "in", a.shape, a.dtype)
-                          for n, a in trial.inputs[number].items()]
+                if batch == 1:  # a batch's inputs go through the feed, not the segment
+                    specs += [(n, "in", a.shape, a.dtype)
+                              for n, a in trial.inputs[number].items()]
                 specs += [(set_name(n, j, batch), "out", shape, dtype)
                           for n, (shape, dtype) in trial.outputs[number].items()]
             placed, size = layout(specs)
@@ -360,7 +368,9 @@ class Observer:
                     v[name].fill(poison_value(v[name].dtype))
             info: dict[str, Any] = {"layout": placed, "extra": trials[0].extra[number]}
             if batch > 1:
-                info.update(batch=batch, extras=[t.extra[number] for t in trials])
+                info.update(batch=batch, extras=[t.extra[number] for t in trials],
+                            feed=[[n, [int(x) for x in a.shape], str(a.dtype)]
+                                  for n, a in trials[0].inputs[number].items()])
             if remap:
                 info["remap"] = rank.data_bytes
             rank.ctl.write_info(info)
@@ -374,10 +384,17 @@ class Observer:
         rank's inputs are in any process's reach long before that rank's gate, so there is
         no window in which a solution's thread could do the call's work before it is timed."""
         rank = self.ranks[number]
+        if len(trials) > 1:  # a batch: every call's inputs in order into the rank's feed
+            names = list(trials[0].inputs[number])
+            data = b"".join(np.ascontiguousarray(t.inputs[number][n]).tobytes()
+                            for t in trials for n in names)
+            wrote = os.write(rank.feed_w, data) if data else 0
+            if wrote != len(data):  # the last batch's inputs were not all read
+                raise RuntimeError(f"rank {number}'s feed took {wrote} of {len(data)} bytes")
+            return
         v = views(rank.data, rank.placed)
-        for j, trial in enumerate(trials):
-            for name, value in trial.inputs[number].items():
-                v[set_name(name, j, len(trials))][...] = value
+        for name, value in trials[0].inputs[number].items():
+            v[name][...] = value
 
     def _await(self, word: str, k: int) -> list[float]:
         """Wait until every rank set `word` to k; returns when the observer saw each one."""
@@ -591,16 +608,18 @@ class Observer:
     def _batch_size(self, case: Case, trial: Trial, per_call: float) -> int:
         """Calls per timed batch: grown from the warm-up's time per call (which is mostly
         the gate's and the "done"'s cost where calls are short) by timing trial batches until
-        one lasts BATCH_S, within MAX_BATCH and BATCH_BYTES (1: no batching here, or a call
-        that is long already). The trial batches also warm the buffer sets."""
+        one lasts BATCH_S, within MAX_BATCH, BATCH_BYTES of outputs and the ranks' feeds (1:
+        no batching here, or a call that is long already). The trial batches also warm the
+        buffer sets."""
         if not self.batch or per_call <= 0 or per_call >= BATCH_S:
             return 1
-        per_set = max(
-            sum(a.nbytes for a in trial.inputs[r].values())
-            + sum(int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
-                  for shape, dtype in trial.outputs[r].values())
+        per_set = max(  # in the segment: the outputs (the inputs go through the feed)
+            sum(int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+                for shape, dtype in trial.outputs[r].values())
             for r in range(self.world))
-        most = max(1, min(MAX_BATCH, BATCH_BYTES // max(per_set, 1)))
+        fed = max(sum(a.nbytes for a in trial.inputs[r].values()) for r in range(self.world))
+        most = max(1, min(MAX_BATCH, BATCH_BYTES // max(per_set, 1),
+                          min(r.feed_bytes for r in self.ranks) // max(fed, 1)))
         batch = max(1, min(most, int(np.ceil(BATCH_S / per_call))))
         while batch > 1:
             took = self.call(case, self._draw(case, batch), check=False).call * batch

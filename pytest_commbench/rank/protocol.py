@@ -22,9 +22,15 @@ A call k (numbered from 1 over the whole job):
   write into this rank's outputs through CUDA IPC until then), copy the outputs back and
   set SAVED = k.
 A batched call (timed repetitions of small sizes) is B calls back to back behind one gate,
-each on a buffer set of its own (fresh inputs each; buffers "<name>@j", context values per
-set in the layout's "extras"): DONE is set once the last of them is done and the device is
-idle, and the observer takes the batch's time over B as each call's.
+each on a buffer set of its own (fresh inputs each; outputs "<name>@j" in the segment,
+context values per set in the layout's "extras"): DONE is set once the last of them is done
+and the device is idle, and the observer takes the batch's time over B as each call's. A
+batch's inputs are not in the segment: the observer writes them, call after call, into the
+rank's feed (a pipe whose read end the rank holds; "feed" in the layout names the buffers of
+one call in order) and the rank reads each call's inputs just before that call. Nothing can
+look into a pipe without taking the data out, and the rank holds no end to put it back, so
+no call can reach the inputs of the calls after it (and fold their work into its own
+messages): inputs taken ahead are missing when their call comes, which the rank reports.
 END = n tells the rank that case n (1-based) has no more calls. CASE is the case (1-based) that
 call k belongs to, set before its first word: a rank that sees the next case's first call
 before it saw END of its case leaves that call for the next case's loop.
@@ -50,6 +56,7 @@ INFO_AT = 256  # byte offset of the JSON area
 ALIGN = 256
 
 SOCKET = "ctl.sock"
+FEED_BYTES = 1 << 20  # a rank's feed (pipe) capacity asked for; what a batch's inputs may take
 GUARD_EXIT = 86  # a rank ended by the run-time guard (forbidden call)
 
 
@@ -115,6 +122,43 @@ class Control:
     def read_info(self) -> dict:
         n = self.get("info_len")
         return json.loads(bytes(self.map[INFO_AT:INFO_AT + n]))
+
+
+def feed_pipe() -> tuple[int, int, int]:
+    """A rank's feed: (read end, write end, capacity in bytes), both ends non-blocking, the
+    capacity raised towards FEED_BYTES as far as the system lets an unprivileged user."""
+    import fcntl
+
+    r, w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+    want = FEED_BYTES
+    try:
+        with open("/proc/sys/fs/pipe-max-size") as f:
+            want = min(want, int(f.read()))
+    except (OSError, ValueError):
+        pass
+    try:
+        fcntl.fcntl(w, fcntl.F_SETPIPE_SZ, want)
+    except OSError:  # over the user's pipe allowance: the default capacity
+        pass
+    return r, w, fcntl.fcntl(w, fcntl.F_GETPIPE_SZ)
+
+
+def read_feed(fd: int, arrays: list) -> None:
+    """Fill `arrays` (C-contiguous) in order from the feed; raises RuntimeError where the
+    bytes are not all there (the observer wrote every call's inputs before the gate)."""
+    for a in arrays:
+        view = memoryview(a).cast("B")
+        got = 0
+        while got < len(view):
+            try:
+                n = os.readv(fd, [view[got:]])
+            except BlockingIOError:
+                n = 0
+            if n == 0:
+                raise RuntimeError(
+                    "a batched call's inputs were missing from the harness's feed (something "
+                    "in the rank read them before their call)")
+            got += n
 
 
 def memfd(name: str, size: int) -> int:
