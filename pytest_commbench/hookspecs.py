@@ -18,6 +18,14 @@ def pytest_commbench_make_platform(config, name):
     """Return a platform object for `--platform=name`, or None. The built-ins answer last."""
 
 
+@hookspec(firstresult=True)
+def pytest_commbench_make_agent(config, name):
+    """Return an agent object for `--commbench-agent=name` (an object with `name`, `label`
+    and `run(task, world, candidate, platform, settings)` returning the item's record, as
+    `runner.run_candidate` does), or None if the name is not yours. The built-in `geak`
+    answers last."""
+
+
 @hookspec
 def pytest_commbench_model_names(config):
     """Return the model names you provide (they are listed when a name is unknown)."""

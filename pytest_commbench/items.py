@@ -70,6 +70,7 @@ def base_record(task: Task, world: int, candidate_id: str, kind: str, nodeid: st
         # leaderboard keeps 1-round and 5-round runs, or budgeted ones, apart)
         "refine_rounds": getattr(state, "refine_rounds", None),
         "budget_usd": getattr(state, "budget_usd", None),
+        **({"agent": state.agent.label} if getattr(state, "agent", None) is not None else {}),
     }
 
 
@@ -152,8 +153,11 @@ class TaskItem(pytest.Item):
             refine_rounds=state.refine_rounds, budget_usd=state.budget_usd,
             check_only=state.check_only,
         )
+        # agent mode runs the candidates of a model that can be asked; the rest as always
+        agent = state.agent if self.candidate.asker is not None else None
+        run = agent.run if agent is not None else run_candidate
         for _attempt in range(1 + INFRA_RETRIES):
-            result = run_candidate(self.task, self.world, self.candidate, state.platform, settings)
+            result = run(self.task, self.world, self.candidate, state.platform, settings)
             if result["verdict"] != Verdict.INFRA_ERROR.value:
                 break
         self._conclude(self._finish(state, result))
@@ -238,7 +242,8 @@ def describe(record: dict[str, Any], headline: str) -> str:
 SUMMARY_KEYS = ("nodeid", "task", "title", "category", "library", "difficulty", "setup", "world",
                 "model", "candidate", "kind", "verdict", "message", "speedup", "speedup_se",
                 "timing_rounds", "timing_trust", "speedup_ci90", "host_load", "check_only",
-                "band", "sizes", "rounds", "round", "round_history",
+                "band", "sizes", "rounds", "round", "round_history", "agent", "agent_calls",
+                "agent_restarts", "agent_kept", "agent_first",
                 "cost", "tokens_in", "tokens_out", "seed", "run")
 
 

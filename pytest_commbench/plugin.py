@@ -52,6 +52,13 @@ def pytest_commbench_make_platform(config, name):
     return make_platform(name)
 
 
+@pytest.hookimpl(trylast=True)
+def pytest_commbench_make_agent(config, name):
+    from .agent import make_agent
+
+    return make_agent(config, name)
+
+
 def pytest_commbench_model_names(config):
     return [*BUILTIN_NAMES, *api_model_names(config)]
 

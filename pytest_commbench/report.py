@@ -126,6 +126,56 @@ def passes_by_round(records: list[dict]) -> list[tuple[int, int]]:
     return out
 
 
+def best_of_samples(records: list[dict]) -> list[dict]:
+    """Per task (and model), its samples' best result: the fastest passing sample (a pass
+    without a speedup counts below any timed one), else the first sample's. What K
+    independent agent runs give a task (`--commbench-samples K`); records of one sample per
+    task come back as they are, task by task."""
+    groups: dict[tuple, list[dict]] = {}
+    for t in per_task(records):
+        groups.setdefault((t.get("model", ""), t.get("task") or t.get("nodeid")), []).append(t)
+    out = []
+    for runs in groups.values():
+        passing = [t for t in runs if t["verdict"] == "pass"]
+        best = max(passing, key=lambda t: t.get("speedup") or 0.0) if passing else \
+            sorted(runs, key=lambda t: str(t.get("candidate", "")))[0]
+        out.append(best)
+    return out
+
+
+def agent_lines(records: list[dict]) -> list[str]:
+    """Agent mode's lines of the summary: the loop's calls, restarts and kept optimizations,
+    the first generation against the agent's result, and the best of K runs per task."""
+    runs = [r for r in records if r.get("agent") and r.get("round_history") is not None]
+    if not runs:
+        return []
+    calls: dict[str, int] = {}
+    for r in runs:
+        for role, n in (r.get("agent_calls") or {}).items():
+            calls[role] = calls.get(role, 0) + int(n)
+    labels = sorted({str(r["agent"]) for r in runs})
+    cost = sum(float(r.get("cost") or 0.0) for r in runs)
+    lines = [f"agent {', '.join(labels)}: {len(runs)} runs, model calls "
+             + ", ".join(f"{role} {n}" for role, n in calls.items())
+             + f"; restarts {sum(int(r.get('agent_restarts') or 0) for r in runs)}; "
+             f"optimizations kept {sum(int(r.get('agent_kept') or 0) for r in runs)}; "
+             f"cost ${cost:.4f} over all steps"]
+    first = [{**r, "verdict": (r.get("agent_first") or {}).get("verdict") or r["verdict"],
+              "speedup": (r.get("agent_first") or {}).get("speedup")} for r in runs]
+    a, f = score(runs), score(first)
+    lines.append(f"first generation (iteration 1) -> agent: Pass Rate {_pct(f.pass_rate)} -> "
+                 f"{_pct(a.pass_rate)}, GM-Speedup {_num(f.gm_speedup)} -> "
+                 f"{_num(a.gm_speedup)}, Pass x GM {_num(f.pass_x_gm)} -> {_num(a.pass_x_gm)}")
+    if any(re.fullmatch(r"s\d+", str(r.get("candidate", ""))) for r in runs):
+        best = score(best_of_samples(runs))
+        k = max(int(str(r["candidate"])[1:]) for r in runs
+                if re.fullmatch(r"s\d+", str(r.get("candidate", "")))) + 1
+        lines.append(f"best of {k} agent runs per task: {best.passes}/{best.applicable} tasks "
+                     f"pass ({_pct(best.pass_rate)}), GM-Speedup {_num(best.gm_speedup)}, "
+                     f"Pass x GM {_num(best.pass_x_gm)}")
+    return lines
+
+
 def render(records: list[dict], write_line: WriteLine, write_sep: WriteSep,
            header: str = "commbench") -> None:
     solutions = [r for r in records if r.get("kind", "solution") == "solution"]
@@ -169,8 +219,12 @@ def render(records: list[dict], write_line: WriteLine, write_sep: WriteSep,
                 f"pass@{k} {_pct(v)}" for k, v in ks))
         by_round = passes_by_round(solutions)
         if by_round:
-            write_line("tasks passed by refinement round (cumulative): " + ", ".join(
+            step = "agent iteration" if any(r.get("agent") for r in solutions) else \
+                "refinement round"
+            write_line(f"tasks passed by {step} (cumulative): " + ", ".join(
                 f"r{r}: {n}" for r, n in by_round) + f" of {s.applicable}")
+        for line in agent_lines(solutions):
+            write_line(line)
         headers = ["", "tasks", "pass", "Pass Rate", "PASS+Good", "GM-Speedup", "Pass x GM"]
         for key in ("difficulty", "category", "library"):
             write_line("")

@@ -57,6 +57,15 @@ def _integer(text: str) -> int:
         raise pytest.UsageError(f"expected an integer, got {text!r}") from None
 
 
+def _on_off(text: str) -> str:
+    word = str(text).strip().lower()
+    if word in ("1", "true", "yes", "on"):
+        return "on"
+    if word in ("0", "false", "no", "off"):
+        return "off"
+    raise pytest.UsageError(f"expected on or off, got {text!r}")
+
+
 def _text(text: str) -> str:
     if not str(text).strip():
         raise pytest.UsageError("expected a value, got nothing")
@@ -131,6 +140,15 @@ SAMPLES_DESC = ("independent answers per task (each an item, e.g. [np2-s1]); pas
 TEMPERATURE_DESC = "sampling temperature (default: the registry's, else the provider's)"
 CHECK_ONLY_DESC = ("correctness only: every item's trials and checked repetitions, no reference "
                   "job and no timing (passes have no speedup)")
+AGENT_DESC = ("agent mode: geak (generate, evaluate, reflect on a failure, optimize a pass), or "
+              "a registered agent; each sample is one agent run, --commbench-rounds bounds "
+              "its evaluated iterations (default: off, direct prompting)")
+MAX_DEBUG_DESC = ("agent mode: consecutive fix attempts that end in the same error before the "
+                  "agent restarts from a fresh generation (default 3)")
+KNOWLEDGE_DESC = ("agent mode: on (default) adds the suite's knowledge pack of each library the "
+                  "task uses to the prompts; off for the ablation")
+RETRIEVAL_DESC = ("agent mode: on adds the prompt and template of the most similar other task "
+                  "(never a reference) to the first prompt (default off)")
 BUDGET_USD_DESC = ("US dollars a task's answers may cost: no further refinement round once "
                    "spent (needs the model's prices)")
 
@@ -162,6 +180,10 @@ OPTIONS: list[Option] = [
     Option("samples", positive_count, 1, SAMPLES_DESC),
     Option("temperature", _number(float, 0, True, "a temperature"), None, TEMPERATURE_DESC),
     Option("budget_usd", _number(float, 0, False, "US dollars"), None, BUDGET_USD_DESC),
+    Option("agent", _text, None, AGENT_DESC),
+    Option("max_debug", positive_count, 3, MAX_DEBUG_DESC),
+    Option("knowledge", _on_off, "on", KNOWLEDGE_DESC),
+    Option("retrieval", _on_off, "off", RETRIEVAL_DESC),
     Option("references", _text, "references", "hidden references root (default: references)",
            cli=False),
     Option("suites", _text, "suites", "suites root, to name tasks by relative path "
@@ -277,6 +299,7 @@ class CommbenchState:
     manifest_errors: int = 0
     known_platforms: Any = None
     known_vendors: Any = None
+    agent: Any = None  # --commbench-agent: what runs a task's candidates (None: direct)
     _fingerprint: dict | None = None
     _resumed: dict | None = field(default=None, repr=False)
 
@@ -353,6 +376,11 @@ def _make(config: pytest.Config, kind: str, name: str, where: str):
                      for n in group]
             raise pytest.UsageError(
                 f"{where}: unknown model {name!r} (known: {', '.join(names)})")
+        if kind == "agent":
+            from .agent import AGENT_NAMES
+
+            raise pytest.UsageError(
+                f"{where}: unknown agent {name!r} (known: off, {', '.join(AGENT_NAMES)})")
         from .platforms import NAMES
 
         raise pytest.UsageError(
@@ -460,6 +488,9 @@ def create(config: pytest.Config) -> CommbenchState:
         log=ResultsLog(run_dir / "results.jsonl"),
         resume_upto=resume_upto,
     )
+    agent_name, agent_where = lookup(config, "agent")
+    if agent_name and agent_name.strip().lower() not in ("off", "none"):
+        state.agent = _make(config, "agent", agent_name.strip(), agent_where)
     state.known_platforms = KnownNames(
         NAMES, platform.name,
         lambda name: config.hook.pytest_commbench_make_platform(config=config, name=name) is not None)

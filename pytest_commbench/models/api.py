@@ -26,7 +26,7 @@ from typing import Any
 
 from ..tasks import Task
 from . import prompt as prompts
-from .base import Candidate, Model, Reply
+from .base import Asker, Candidate, Model, Reply
 from .providers import ask
 from .registry import ModelSpec
 
@@ -51,7 +51,14 @@ class ApiModel(Model):
                           refine=lambda r, previous, feedback, k=k: self.generate(
                               task, sample=k, round_=r, previous=previous, feedback=feedback),
                           ended=lambda world, k=k: self.ended(task, k, world),
-                          end=lambda world, r, k=k: self.end(task, k, world, r))
+                          end=lambda world, r, k=k: self.end(task, k, world, r),
+                          asker=Asker(
+                              folder=lambda k=k: self.folder(
+                                  task, Path(self._where()["runs_dir"]), k, 1).parent,
+                              prompt=lambda: prompts.build(
+                                  task, self._where().get("fingerprint", {})),
+                              ask=self.ask,
+                              regenerate=lambda: bool(self._where().get("regenerate"))))
                 for k in range(samples)]
 
     def _ended_file(self, task: Task, sample: int, world: int) -> Path:
@@ -83,16 +90,27 @@ class ApiModel(Model):
     def generate(self, task: Task, sample: int, round_: int, previous: str = "",
                  feedback: str = "") -> Reply:
         w = self._where()
-        folder = self.folder(task, Path(w["runs_dir"]), sample, round_)
+
+        def text() -> str:
+            out = prompts.build(task, w.get("fingerprint", {}))
+            if round_ > 1:
+                out += prompts.refinement(task, round_, previous, feedback)
+            return out
+
+        return self.ask(self.folder(task, Path(w["runs_dir"]), sample, round_), text)
+
+    def ask(self, folder: Path, text: str | Callable[[], str]) -> Reply:
+        """One request whose prompt and reply are kept in `folder` (prompt.md, reply.md,
+        usage.json); a reply kept there is returned instead (no request) unless
+        --commbench-regenerate. The prompt may be a function: it is only built where asked."""
+        w = self._where()
         folder.mkdir(parents=True, exist_ok=True)
         with open(folder.parent / f".{folder.name}.lock", "w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)  # one request per task, whatever the workers
             kept = None if w.get("regenerate") else _load(folder)
             if kept is not None:
                 return kept
-            text = prompts.build(task, w.get("fingerprint", {}))
-            if round_ > 1:
-                text += prompts.refinement(task, round_, previous, feedback)
+            text = text() if callable(text) else text
             (folder / "prompt.md").write_text(text, encoding="utf-8")
             started = time.time()
             temperature = w.get("temperature")

@@ -39,6 +39,22 @@ class Candidate:
     # record it, so that a rerun replays the same rounds and asks nothing new
     ended: Callable[[int], int | None] | None = None
     end: Callable[[int, int], None] | None = None
+    # a model that can be asked anything (agent mode): its prompts, replies and costs kept
+    # under the runs directory like the refinement rounds'
+    asker: Asker | None = None
+
+
+@dataclass
+class Asker:
+    """What agent mode needs of a model: the sample's folder under `<runs>/replies/`, the
+    task's prompt as direct prompting sends it, and a request whose prompt and reply are kept
+    in a step folder and replayed from there (no request) on a rerun."""
+
+    folder: Callable[[], Path]  # <runs>/replies/<model>/<task>/s<k>
+    prompt: Callable[[], str]  # the task's first prompt
+    # (step folder, prompt text or a function that builds it) -> reply, kept and replayed
+    ask: Callable[[Path, str | Callable[[], str]], Reply]
+    regenerate: Callable[[], bool] = lambda: False  # --commbench-regenerate: ask anew
 
 
 class Model:

@@ -1,0 +1,506 @@
+"""Agent mode (`--commbench-agent=geak`): a loop around a code model after GEAK, an agentic
+kernel-generation framework. Per task and sample:
+
+- the **generator** writes a solution (the task's prompt, plus the knowledge packs of the
+  libraries the task uses and, with `--commbench-retrieval=on`, the most similar other task);
+- the harness **evaluates** it (`runner._attempt`: the same verdicts as every item, never the
+  reference's code);
+- on a failure the **reflector** (a model call) gets the code and the evidence and returns an
+  analysis, which goes into the next generation; after `--commbench-max-debug` consecutive fix
+  attempts that end in the same error (the debugging trap) the next generation starts afresh;
+- once a solution passes, the **optimizer** gets its per-size speedups and proposes a faster
+  version, kept only where it passes and is measurably faster (`faster`); a proposal that
+  fails or is not shown faster is discarded and the optimizer hears why.
+
+`--commbench-rounds` bounds the evaluated iterations (generations and proposals; reflections
+are model calls that cost, not iterations). The item's record is the best passing iteration's
+(else the last), with every step's tokens and cost summed, `round` the iteration that first
+passed and `round_history` one entry per iteration.
+
+Every step is kept under the sample's folder, `<runs>/replies/<model>/<task>/s<k>/<label>/`:
+`NN-<role>/` with prompt.md, reply.md, usage.json and, per world size, verdict-np<W>.json;
+`done.json` once a run ended (its steps, iterations and why). A later item of the task (another
+world size) and a rerun replay the kept steps in order, roles and all, and judge them again;
+once the kept steps of an ended run are used up they stop there and ask nothing. An outage
+ends the run as `infra_error` without `done.json`: a rerun replays the steps kept so far and
+goes on from there.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .models.base import Candidate, Reply
+from .scoring import BANDS, record_band
+from .tasks import MANIFEST, ManifestError, Task, load_task
+
+AGENT_NAMES = ("geak",)
+KNOWLEDGE_DIR = "knowledge"  # <suites>/knowledge/<library or feature>.md
+ROLES = ("generate", "reflect", "optimize")
+# named bands from the slowest up (inconclusive and untimed have no rank)
+BAND_RANK = {name: i for i, (_, name) in enumerate(reversed(BANDS))}
+EVIDENCE_CHARS = 6000
+
+
+# -- the knowledge packs and the retrieved task --------------------------------------------------
+
+def knowledge_names(task: Task) -> list[str]:
+    """What the task uses, in order: its library, then its required features and fixtures."""
+    return list(dict.fromkeys([task.library, *task.requires, *task.fixtures]))
+
+
+def knowledge(task: Task, suites: Path) -> list[tuple[str, str]]:
+    """(name, text) of every knowledge pack of the suite that the task uses."""
+    out = []
+    for name in knowledge_names(task):
+        path = suites / KNOWLEDGE_DIR / f"{name}.md"
+        if path.is_file():
+            out.append((name, path.read_text(encoding="utf-8").strip()))
+    return out
+
+
+def _words(text: str) -> set[str]:
+    return {w for w in re.findall(r"[a-z0-9]+", text.lower()) if len(w) > 2}
+
+
+def similarity(a: Task, b: Task) -> float:
+    """How alike two tasks are, for retrieval: the library counts most, then the category,
+    the features they share and the words of their titles."""
+    score = 4.0 * (a.library == b.library) + 2.0 * (a.category == b.category)
+    score += len(set(a.requires) & set(b.requires)) + 0.5 * (a.difficulty == b.difficulty)
+    wa, wb = _words(a.title), _words(b.title)
+    return score + (2.0 * len(wa & wb) / len(wa | wb) if wa | wb else 0.0)
+
+
+def most_similar(task: Task, suites: Path) -> Task | None:
+    """The most similar *other* task of the suite in the same language (its prompt and template
+    are what a model is shown anyway; its reference is never read)."""
+    best: tuple[float, str, Task] | None = None
+    for manifest in sorted(suites.rglob(MANIFEST)):
+        try:
+            other = load_task(manifest, suites)
+        except ManifestError:
+            continue
+        if other.relpath == task.relpath or other.language != task.language:
+            continue
+        key = (similarity(task, other), other.relpath)
+        if best is None or key[0] > best[0]:
+            best = (key[0], key[1], other)
+    return best[2] if best else None
+
+
+# -- prompts ---------------------------------------------------------------------------------------
+
+def first_prompt(base: str, task: Task, suites: Path, use_knowledge: bool,
+                 retrieval: bool) -> tuple[str, dict[str, Any]]:
+    """The generator's prompt: the task's prompt as direct prompting sends it, plus the packs
+    and the retrieved task. Returns it and what was added."""
+    parts, added = [base.rstrip() + "\n"], {"knowledge": [], "retrieved": None}
+    if use_knowledge:
+        for name, text in knowledge(task, suites):
+            parts.append(f"\n## Library notes: {name}\n\n{text}\n")
+            added["knowledge"].append(name)
+    if retrieval:
+        other = most_similar(task, suites)
+        if other is not None:
+            fence = "python" if other.language == "python" else "cuda"
+            parts.append(
+                f"\n## A related task, for orientation only (not the one to solve): "
+                f"{other.title}\n\n{other.prompt.read_text(encoding='utf-8').strip()}\n\n"
+                f"Its template:\n\n```{fence}\n"
+                f"{other.template.read_text(encoding='utf-8').rstrip()}\n```\n")
+            added["retrieved"] = other.relpath
+    return "".join(parts), added
+
+
+def _fenced(task: Task, text: str) -> str:
+    fence = "python" if task.language == "python" else "cuda"
+    return f"```{fence}\n{(text or '(empty)').strip()}\n```"
+
+
+def reflect_prompt(first: str, task: Task, code: str, evidence: str) -> str:
+    return f"""{first.rstrip()}
+
+## Reflection: an attempt at this task failed
+
+You are reviewing an attempt at the task above. The attempt:
+
+{_fenced(task, code)}
+
+What the harness found:
+
+```
+{evidence.strip()[-EVIDENCE_CHARS:]}
+```
+
+Explain what went wrong and how to fix it: the cause, the lines at fault and the change to
+make, in a few short paragraphs. Do not write the whole solution.
+"""
+
+
+def generate_prompt(first: str, task: Task, code: str, evidence: str, analysis: str) -> str:
+    return f"""{first.rstrip()}
+
+## Your previous attempt, what the harness found, and an analysis of it
+
+{_fenced(task, code)}
+
+```
+{evidence.strip()[-EVIDENCE_CHARS:]}
+```
+
+Analysis:
+
+{(analysis or '(none)').strip()}
+
+Answer again, in the same form, with the fix.
+"""
+
+
+def speedup_lines(record: dict[str, Any]) -> str:
+    iv = record.get("speedup_ci90")
+    lines = [f"overall speedup {record.get('speedup') or 0:.3f}"
+             + (f" (90% interval [{iv[0]:.3f}, {iv[1]:.3f}])" if iv else "")
+             + f", band {record_band(record) or '-'}, timing trust "
+             f"{record.get('timing_trust') or '-'}"]
+    for s in record.get("sizes", []):
+        if s.get("speedup") is not None:
+            lines.append(f"count {s['count']} ({s['dtype']}, {s.get('bytes', 0):,} bytes): "
+                         f"speedup {s['speedup']:.3f}, {s.get('t_sol_us', 0):.1f} us per call "
+                         f"against {s.get('t_ref_us', 0):.1f} us")
+    return "\n".join(lines)
+
+
+def optimize_prompt(first: str, task: Task, code: str, best: dict[str, Any],
+                    last: str) -> str:
+    tail = f"\n\nYour last proposal was discarded: {last}" if last else ""
+    return f"""{first.rstrip()}
+
+## Optimize: a correct solution, and how fast it is
+
+This solution passes every check:
+
+{_fenced(task, code)}
+
+Its speed against the expert solution (speedup = expert time / this time, per size; above 1
+is faster than the expert):
+
+```
+{speedup_lines(best)}
+```{tail}
+
+Propose a faster version that stays correct: look at the sizes with the lowest speedups
+first. Answer in the same form (the whole file or the regions). It is kept only if it passes
+and its measured speedup is higher.
+"""
+
+
+# -- the rule for "faster" -------------------------------------------------------------------------
+
+def faster(new: dict[str, Any], best: dict[str, Any]) -> tuple[bool, str]:
+    """Is a passing proposal measurably faster than the best so far? Only where the timing
+    says so: its speedup's 90% interval lies wholly above the best's speedup, or its band (a
+    band is only named where the interval lies inside it and the timing was not contended)
+    is a better one than the best's named band. An untimed pass (check only) is never
+    faster. Returns the decision and why."""
+    if new.get("verdict") != "pass":
+        return False, f"it failed ({new.get('verdict')}: {str(new.get('message', ''))[:300]})"
+    s_new, s_best = new.get("speedup"), best.get("speedup")
+    if s_new is None or s_best is None:
+        return False, "it passed, but without timing nothing shows it faster"
+    iv = new.get("speedup_ci90")
+    if iv and iv[0] > s_best:
+        return True, (f"speedup {s_new:.3f}, its 90% interval [{iv[0]:.3f}, {iv[1]:.3f}] above "
+                      f"the best's {s_best:.3f}")
+    b_new, b_best = record_band(new), record_band(best)
+    if b_new in BAND_RANK and b_best in BAND_RANK and BAND_RANK[b_new] > BAND_RANK[b_best]:
+        return True, f"band {b_new} above the best's {b_best}"
+    where = f"[{iv[0]:.3f}, {iv[1]:.3f}]" if iv else "no interval"
+    return False, (f"it passed with speedup {s_new:.3f} ({where}), not shown faster than the "
+                   f"best's {s_best:.3f} (band {b_new or '-'} against {b_best or '-'})")
+
+
+def signature(record: dict[str, Any]) -> str:
+    """An error's identity for the debugging trap: the verdict and its message without the
+    numbers (addresses, counts and times change from run to run)."""
+    message = re.sub(r"0x[0-9a-f]+|\d+(\.\d+)?", "#", str(record.get("message", "")).lower())
+    return f"{record.get('verdict')}: {message[:200]}"
+
+
+# -- the loop --------------------------------------------------------------------------------------
+
+@dataclass
+class Step:
+    number: int
+    role: str
+    folder: Path
+
+
+@dataclass
+class Run:
+    """One agent run's state."""
+
+    first: str  # the generator's first prompt
+    steps: list[Step] = field(default_factory=list)
+    history: list[dict[str, Any]] = field(default_factory=list)
+    calls: dict[str, int] = field(default_factory=lambda: dict.fromkeys(ROLES, 0))
+    tokens_in: int = 0
+    tokens_out: int = 0
+    cost: float = 0.0
+    best: dict[str, Any] | None = None  # the best passing iteration's record
+    best_text: str = ""
+    failed: dict[str, Any] | None = None  # the failing attempt being debugged
+    failed_text: str = ""
+    analysis: str | None = None  # the reflector's analysis of it
+    debug: int = 0  # consecutive fix attempts that ended in the error they were to fix
+    fresh: bool = False  # the debugging trap sprang: the next generation starts afresh
+    restarts: int = 0
+    kept: int = 0  # optimizations kept
+    last_discarded: str = ""
+    last: dict[str, Any] | None = None  # the last evaluated record
+
+
+class GeakAgent:
+    """The GEAK loop (see the module's doc). `max_debug`, `use_knowledge` and `retrieval` are
+    its settings; `suites` the suites root (knowledge packs, retrieval)."""
+
+    name = "geak"
+
+    def __init__(self, suites: Path, max_debug: int = 3, use_knowledge: bool = True,
+                 retrieval: bool = False) -> None:
+        self.suites = suites
+        self.max_debug = max_debug
+        self.use_knowledge = use_knowledge
+        self.retrieval = retrieval
+
+    @property
+    def label(self) -> str:
+        """The configuration, as records and step folders name it."""
+        return (self.name + ("" if self.use_knowledge else "-noknowledge")
+                + ("-retrieval" if self.retrieval else ""))
+
+    # -- the kept steps ------------------------------------------------------------------------
+    def _kept(self, root: Path) -> dict[int, Step]:
+        out = {}
+        for d in root.glob("[0-9][0-9]-*") if root.is_dir() else ():
+            number, _, role = d.name.partition("-")
+            if role in ROLES and (d / "reply.md").is_file():
+                out[int(number)] = Step(int(number), role, d)
+        return out
+
+    def run(self, task: Task, world: int, candidate: Candidate, platform,
+            settings) -> dict[str, Any]:
+        asker = candidate.asker
+        root = asker.folder() / self.label
+        root.mkdir(parents=True, exist_ok=True)
+        # one agent run of a task and sample at a time: the first item asks, the others (its
+        # other world sizes, on other workers too) wait and replay its steps
+        with open(root / ".lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            return self._run(task, world, candidate, platform, settings, root)
+
+    def _run(self, task, world, candidate, platform, settings, root: Path) -> dict[str, Any]:
+        import time
+
+        from .runner import _attempt, _feedback
+
+        started = time.time()
+        asker = candidate.asker
+        done_file = root / "done.json"
+        if asker.regenerate():
+            done_file.unlink(missing_ok=True)
+        done = _read_json(done_file)
+        kept = {} if asker.regenerate() else self._kept(root)
+        first, added = first_prompt(asker.prompt(), task, self.suites, self.use_knowledge,
+                                    self.retrieval)
+        run = Run(first)
+        rounds = max(1, settings.refine_rounds)
+        iteration, number, stop = 0, 0, None
+        while stop is None:
+            if iteration >= rounds:
+                stop = "rounds"
+                break
+            number += 1
+            step = kept.get(number)
+            if step is None:
+                # past the kept steps of a run that ended: a replay asks nothing new (a run
+                # that used all its rounds goes on where --commbench-rounds was raised)
+                if done is not None and not (done.get("stop") == "rounds"
+                                             and iteration >= int(done.get("iterations", 0))):
+                    stop = f"replayed ({done.get('stop')})"
+                    break
+                if settings.budget_usd is not None and run.cost >= settings.budget_usd:
+                    stop = "budget"
+                    break
+                role = self._decide(run, settings)
+                if role is None:
+                    stop = "nothing to optimize without timing (check only)"
+                    break
+                step = Step(number, role, root / f"{number:02d}-{role}")
+            # the prompt is built only where the step is asked (a kept step's is on disk)
+            reply = _ask(asker, step.folder,
+                         lambda s=step: self._prompt(run, s.role, task, _feedback))
+            run.calls[step.role] += 1
+            run.tokens_in += reply.tokens_in
+            run.tokens_out += reply.tokens_out
+            run.cost += reply.cost or 0.0
+            run.steps.append(step)
+            if reply.infra_error:
+                return self._outage(run, reply.infra_error, step, started, added)
+            if step.role == "reflect":
+                run.analysis = reply.text or ""
+                continue
+            iteration += 1
+            attempt = Candidate(candidate.id, candidate.kind, lambda r=reply: Reply(r.text))
+            record = _attempt(task, world, attempt, platform, settings)
+            text = record.pop("_reply", "") or ""
+            record.pop("_imprecise", None)
+            entry = self._judge(run, step, record, text, iteration)
+            _write_json(step.folder / f"verdict-np{world}.json",
+                        {**entry, "message": str(record.get("message", ""))[:2000],
+                         "tokens_in": reply.tokens_in, "tokens_out": reply.tokens_out,
+                         "cost": reply.cost, "speedup_ci90": record.get("speedup_ci90"),
+                         "sizes": [{k: s.get(k) for k in ("count", "dtype", "speedup")}
+                                   for s in record.get("sizes", [])]})
+            if record["verdict"] == "infra_error":
+                stop = "infra_error"  # the harness or the reference failed: asking won't help
+        if done is None and stop != "infra_error":
+            _write_json(done_file, {"stop": stop, "steps": number - (stop != "rounds"),
+                                    "iterations": iteration})
+        return self._final(run, stop, started, added)
+
+    def _decide(self, run: Run, settings) -> str | None:
+        if run.best is None:
+            if run.failed is None or run.fresh or run.analysis is not None:
+                return "generate"
+            return "reflect"
+        if settings.check_only or run.best.get("speedup") is None:
+            return None
+        return "optimize"
+
+    def _prompt(self, run: Run, role: str, task: Task, feedback) -> str:
+        if role == "reflect":
+            return reflect_prompt(run.first, task, run.failed_text,
+                                  feedback(run.failed) if run.failed else "")
+        if role == "optimize" and run.best is not None:
+            return optimize_prompt(run.first, task, run.best_text, run.best, run.last_discarded)
+        if run.failed is None or run.fresh or role == "optimize":
+            return run.first
+        return generate_prompt(run.first, task, run.failed_text, feedback(run.failed),
+                               run.analysis or "")
+
+    def _judge(self, run: Run, step: Step, record: dict[str, Any], text: str,
+               iteration: int) -> dict[str, Any]:
+        """Take an evaluated iteration into the run's state; its history entry."""
+        entry: dict[str, Any] = {"round": iteration, "step": step.number, "role": step.role,
+                                 "verdict": record["verdict"], "speedup": record.get("speedup"),
+                                 "message": str(record.get("message", ""))[:300]}
+        run.last = record
+        passed = record["verdict"] == "pass"
+        if run.best is None:
+            fixing = run.failed is not None and not run.fresh
+            run.fresh = False
+            if passed:
+                run.best, run.best_text, run.failed, run.analysis = record, text, None, None
+                entry["kept"] = True
+            else:
+                same = fixing and signature(record) == signature(run.failed)
+                run.debug = run.debug + 1 if same else 0
+                run.failed, run.failed_text, run.analysis = record, text, None
+                if run.debug >= self.max_debug:  # the debugging trap: start afresh
+                    run.fresh, run.debug = True, 0
+                    run.restarts += 1
+                    entry["restart"] = True
+        else:  # an optimizer's proposal (or a kept step of another role, judged alike)
+            better, why = faster(record, run.best)
+            entry.update(kept=better, why=why)
+            if better:
+                run.best, run.best_text, run.last_discarded = record, text, ""
+                run.kept += 1
+            else:
+                run.last_discarded = why
+        run.history.append(entry)
+        return entry
+
+    def _summary(self, run: Run, stop: str | None, added: dict[str, Any]) -> dict[str, Any]:
+        first = run.history[0] if run.history else None
+        return {
+            "agent": self.label, "tokens_in": run.tokens_in, "tokens_out": run.tokens_out,
+            "cost": run.cost, "rounds": len(run.history), "round_history": run.history,
+            "round": next((h["round"] for h in run.history if h["verdict"] == "pass"), None),
+            "agent_calls": dict(run.calls), "agent_restarts": run.restarts,
+            "agent_kept": run.kept, "agent_stop": stop,
+            "agent_first": None if first is None else {"verdict": first["verdict"],
+                                                       "speedup": first["speedup"]},
+            "agent_knowledge": added["knowledge"], "agent_retrieved": added["retrieved"],
+            "agent_steps": [f"{s.number:02d}-{s.role}" for s in run.steps],
+        }
+
+    def _final(self, run: Run, stop: str | None, started: float,
+               added: dict[str, Any]) -> dict[str, Any]:
+        import time
+
+        final = dict(run.best or run.last or {
+            "verdict": "no_solution", "message": "the agent evaluated nothing", "detail": "",
+            "speedup": None, "sizes": []})
+        final.update(self._summary(run, stop, added))
+        final["duration_s"] = round(time.time() - started, 3)
+        if run.best is not None:
+            final["agent_iteration"] = next(h["round"] for h in reversed(run.history)
+                                            if h.get("kept"))
+        return final
+
+    def _outage(self, run: Run, error: str, step: Step, started: float,
+                added: dict[str, Any]) -> dict[str, Any]:
+        import time
+
+        reached = ("" if run.best is None else
+                   f"; best so far: a pass at iteration "
+                   f"{next(h['round'] for h in reversed(run.history) if h.get('kept'))}")
+        final = {"verdict": "infra_error", "speedup": None, "sizes": [], "detail": "",
+                 "message": f"the model source failed at agent step {step.number} "
+                            f"({step.role}): {error}{reached}; the steps before it are kept "
+                            "and a rerun goes on from there"}
+        final.update(self._summary(run, f"outage at step {step.number}", added))
+        final["duration_s"] = round(time.time() - started, 3)
+        return final
+
+
+def _ask(asker, folder: Path, prompt) -> Reply:
+    try:
+        return asker.ask(folder, prompt)
+    except Exception as exc:  # noqa: BLE001 - a model source that fails is an outage
+        return Reply(None, infra_error=f"{exc.__class__.__name__}: {exc}")
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _write_json(path: Path, data: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(data, indent=1, default=str) + "\n")
+    tmp.replace(path)
+
+
+def make_agent(config, name: str) -> GeakAgent | None:
+    """The built-in agent called `name` (None: not one of ours)."""
+    if name != "geak":
+        return None
+    from .session import STATE, setting
+
+    state = config.stash.get(STATE, None)
+    suites = state.suites if state is not None else config.rootpath / setting(config, "suites")
+    return GeakAgent(suites, max_debug=int(setting(config, "max_debug")),
+                     use_knowledge=setting(config, "knowledge") == "on",
+                     retrieval=setting(config, "retrieval") == "on")
