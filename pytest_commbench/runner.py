@@ -295,6 +295,12 @@ def _interleave(plan: Plan, artifacts: dict[str, Path], lease_env: dict[str, str
     baseline: dict[str, tuple[float, float] | None] = {}
     phases: dict[str, dict[str, list[list[float]]]] = {}
     if timed:
+        # the solution's correctness first, untimed (its trials and a few checked calls): a
+        # wrong answer is known before any reference job is spent on it
+        outcome = _run_job(plan, artifacts["sol"], settings.work / "check", lease_env, False)
+        if outcome.verdict is not Verdict.PASS:
+            record["output"] = outcome.output[-OUTPUT_IN_RECORD:]
+            raise Rejected(outcome.verdict, outcome.message, outcome.detail)
         # a warm-up job of the reference, timed like the others, its times thrown away:
         # whatever the first job of an item pays (page cache, input files being written back,
         # cold imports, devices waking from idle) is paid here; on 2x H200 the first timed

@@ -213,8 +213,21 @@ def test_the_warm_up_job_is_timed_like_the_others_and_its_times_are_not_counted(
     (warmup,) = (bench.root / "runs").glob("*/work/*/warmup/ro/job.json")
     item = warmup.parent.parent.parent
     jobs = sorted(p.name for p in item.iterdir() if (p / "ro" / "job.json").exists())
-    assert jobs == ["ref0", "sol0", "warmup"]
+    assert jobs == ["check", "ref0", "sol0", "warmup"]
     assert all(len(s["jobs_ref_us"]) == 1 for s in record["sizes"])  # ref0's only
+
+
+def test_a_wrong_answer_is_found_before_any_reference_job_runs(bench):
+    """A timed item checks the solution first, untimed: a wrong answer costs no reference
+    job (the warm-up and the timed ones are spent only on a solution that may pass)."""
+    bench.timed()
+    bench.add_task(ranks=2)
+    bench.run("--commbench-keep", f"--commbench-model=dir:{bench.solution_dir('wrong_rank0')}"
+              ).assert_outcomes(failed=1)
+    (record,) = bench.records()
+    assert record["verdict"] == "wrong_answer"
+    jobs = {p.parent.parent.name for p in (bench.root / "runs").glob("*/work/*/*/ro/job.json")}
+    assert jobs == {"check"}
 
 
 def test_the_speedup_uncertainty_comes_from_the_jobs_scatter():
