@@ -11,7 +11,9 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from tabulate import tabulate
@@ -212,8 +214,9 @@ def cmd_compile(args: argparse.Namespace) -> int:
 
     arch = PROFILES[args.platform].arch
     root, refs = Path(args.suites), Path(args.references)
-    failures, built = [], 0
+    failures: list[str] = []
     cache = Path(tempfile.mkdtemp(prefix="commbench-compile-"))
+    work = []
     for manifest in sorted(root.rglob(MANIFEST)):
         try:
             task = load_task(manifest, root)
@@ -226,19 +229,27 @@ def cmd_compile(args: argparse.Namespace) -> int:
         sources = [("template", task.template.read_text),
                    ("reference", (ref_dir / "solution.cu").read_text)]
         sources += [(f"mutant {name}", load) for name, load in mutants(ref_dir, ".cu")]
-        for kind, read in sources:
-            try:
-                build_cuda(task, read(), cache, arch)
-                status = "ok"
-            except (OSError, MutantError) as exc:
-                status = f"missing: {exc}"
-                failures.append(f"{task.relpath} {kind}: {status}")
-            except Rejected as exc:
-                status = f"{exc.verdict}: {exc.message}"
-                if not (kind.startswith("mutant") and exc.verdict is Verdict.FORBIDDEN):
-                    failures.append(f"{task.relpath} {kind}: {status}\n{exc.detail}")
-            built += 1
-            print(f"{task.relpath:45s} {kind:28s} {status}")
+        work += [(task, kind, read) for kind, read in sources]
+
+    def one(n: int, task, kind: str, read) -> tuple[str, str | None]:
+        try:  # each build in a cache folder of its own: they run side by side
+            build_cuda(task, read(), cache / str(n), arch)
+            return "ok", None
+        except (OSError, MutantError) as exc:
+            return f"missing: {exc}", f"{task.relpath} {kind}: missing: {exc}"
+        except Rejected as exc:
+            status = f"{exc.verdict}: {exc.message}"
+            if kind.startswith("mutant") and exc.verdict is Verdict.FORBIDDEN:
+                return status, None
+            return status, f"{task.relpath} {kind}: {status}\n{exc.detail}"
+
+    with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+        done = list(pool.map(lambda w: one(w[0], *w[1]), enumerate(work)))
+    built = len(done)
+    for (task, kind, _read), (status, failure) in zip(work, done):
+        print(f"{task.relpath:45s} {kind:28s} {status}")
+        if failure:
+            failures.append(failure)
     print(f"commbench compile: {built} sources for {arch}, {len(failures)} failed")
     for f in failures:
         print(f"FAILED {f}", file=sys.stderr)
@@ -361,6 +372,8 @@ def main(argv: list[str] | None = None) -> int:
     cmp_.add_argument("suites", nargs="?", default="suites")
     cmp_.add_argument("--references", default="references")
     cmp_.add_argument("--platform", default="h200", help="profile whose architecture to build for")
+    cmp_.add_argument("-j", "--jobs", type=int, default=os.cpu_count() or 1,
+                      help="builds side by side (default: the CPUs)")
     cmp_.set_defaults(func=cmd_compile)
     mdl = sub.add_parser("models", help="list the models that can be asked by name")
     mdl.add_argument("--file", help="a user registry file to overlay (as the ini key "
