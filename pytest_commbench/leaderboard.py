@@ -9,11 +9,13 @@ many, with the uncertainty that tells a real difference from noise.
     Figure 3 pass rate by category and by library
     Table 3  cumulative passes per refinement round; pass@k for every k run
     Table 4  cost-matched comparison (runs with a budget per task)
+    Table 5  agent mode against direct prompting of the same model (GEAK's comparison)
     per-task speedup by size, for every model that passed the task
 
 Scores come from `scoring` alone. Runs whose hardware/software fingerprints differ are never
 pooled: `split` groups them, and `check_one_fingerprint` refuses them naming the difference.
-A model run with other settings (refinement rounds, a budget) is another entry of its own.
+A model run with other settings (refinement rounds, a budget, agent mode) is another entry of
+its own.
 The terminal (`render`: tabulate tables and text bars), `markdown` (report.md) and
 `write` (report.md, leaderboard.csv, leaderboard.json, PNGs through `figures`) share the
 numbers; the pytest terminal summary renders its single run with `render_run`."""
@@ -139,6 +141,7 @@ class Entry:
     paper_price: float | None = None
     refine_rounds: int | None = None
     budget_usd: float | None = None
+    agent: str | None = None  # agent mode's configuration (None: direct prompting)
     rank: int = 0
     tier: int = 0
 
@@ -180,13 +183,16 @@ class Board:
 
 
 def _config(r: dict) -> tuple:
-    return (r.get("refine_rounds"), r.get("budget_usd"))
+    return (r.get("refine_rounds"), r.get("budget_usd"), r.get("agent"))
 
 
-def _config_label(model: str, rounds: int | None, budget: float | None) -> str:
+def _config_label(model: str, rounds: int | None, budget: float | None,
+                  agent: str | None = None) -> str:
     parts = ["rounds unknown" if rounds is None else f"{rounds} round{'s' * (rounds != 1)}"]
     if budget is not None:
         parts.append(f"${budget:.2f}/task budget")
+    if agent is not None:
+        parts.insert(0, f"agent {agent}")
     return f"{model} ({', '.join(parts)})"
 
 
@@ -227,8 +233,8 @@ def build(records: Iterable[dict], models_file: Path | None = None,
         by_model.setdefault(str(r.get("model", "?")), {}).setdefault(_config(r), []).append(r)
     entries = []
     for model, configs in by_model.items():
-        for (rounds, budget), recs in configs.items():
-            label = model if len(configs) == 1 else _config_label(model, rounds, budget)
+        for (rounds, budget, agent), recs in configs.items():
+            label = model if len(configs) == 1 else _config_label(model, rounds, budget, agent)
             recs = merge(recs)
             spec = specs.get(model)
             kw = {} if resamples is None else {"resamples": resamples}
@@ -237,7 +243,7 @@ def build(records: Iterable[dict], models_file: Path | None = None,
                 intervals=bootstrap(recs, **kw),
                 open_weights=getattr(spec, "open_weights", None),
                 paper_price=getattr(spec, "paper_price", None),
-                refine_rounds=rounds, budget_usd=budget))
+                refine_rounds=rounds, budget_usd=budget, agent=agent))
     unranked = [e for e in entries if not e.solutions]
     entries = [e for e in entries if e.solutions]
     entries.sort(key=lambda e: (e.scores.pass_x_gm is None, -(e.scores.pass_x_gm or 0),
@@ -350,6 +356,32 @@ def cost_matched(board: Board) -> list[dict[str, Any]]:
     return rows
 
 
+def agent_vs_direct(board: Board) -> list[dict[str, Any]]:
+    """Table 5: for every model run both in agent mode and by direct prompting, each of its
+    entries with its scores, spend and model calls per task, and Pass x GM against the best
+    direct entry of the model (GEAK's comparison). Empty unless a model ran both ways."""
+    rows = []
+    for model in sorted({e.model for e in board.entries}):
+        mine = [e for e in board.entries if e.model == model]
+        direct = [e for e in mine if e.agent is None]
+        if not direct or len(direct) == len(mine):
+            continue
+        base = direct[0]  # the best-ranked direct entry
+        for e in sorted(mine, key=lambda e: (e.agent is not None, e.agent or "", e.label)):
+            calls = [sum((r.get("agent_calls") or {}).values()) if r.get("agent")
+                     else int(r.get("rounds") or 1) for r in e.solutions]
+            gain = (e.scores.pass_x_gm - base.scores.pass_x_gm
+                    if e.scores.pass_x_gm is not None and base.scores.pass_x_gm is not None
+                    else None)
+            rows.append({"label": e.label, "mode": f"agent {e.agent}" if e.agent else "direct",
+                         "refine_rounds": e.refine_rounds, "tasks": e.scores.applicable,
+                         "passes": e.scores.passes, "pass_rate": e.scores.pass_rate,
+                         "gm_speedup": e.scores.gm_speedup, "pass_x_gm": e.scores.pass_x_gm,
+                         "price": e.price, "calls": sum(calls) / len(calls) if calls else None,
+                         "baseline": base.label, "pass_x_gm_gain": gain})
+    return rows
+
+
 def speedups_by_size(board: Board) -> dict[str, list[dict[str, Any]]]:
     """Per task: one series per entry and world size that passed, the speedup at each size
     (bytes per rank, as the task counts them)."""
@@ -453,6 +485,17 @@ def tables(board: Board) -> list[Table]:
               _pct(r["pass_rate"]), _num(r["pass_x_gm"]),
               "-" if r["pass_x_gm_gain"] is None else f"{r['pass_x_gm_gain']:+.3f}"]
              for r in matched]))
+    versus = agent_vs_direct(board)
+    if versus:
+        out.append(Table(
+            "Table 5: agent mode against direct prompting (the same model)",
+            ["model", "mode", "rounds", "Pass Rate", "GM-Speedup", "Pass x GM",
+             "Pass x GM vs direct", "model calls/item", "$/task"],
+            [[r["label"], r["mode"], r["refine_rounds"] or "-",
+              f"{_pct(r['pass_rate'])} ({r['passes']}/{r['tasks']})", _num(r["gm_speedup"]),
+              _num(r["pass_x_gm"]),
+              "-" if r["pass_x_gm_gain"] is None else f"{r['pass_x_gm_gain']:+.3f}",
+              _num(r["calls"], 1), _money(r["price"])] for r in versus]))
     return out
 
 
@@ -670,6 +713,7 @@ def to_json(board: Board) -> dict[str, Any]:
         "rounds": {k: [list(x) for x in v] for k, v in rounds(board).items()},
         "pass_at_k": {k: [list(x) for x in v] for k, v in pass_at_k(board).items()},
         "cost_matched": cost_matched(board),
+        **({"agent_vs_direct": versus} if (versus := agent_vs_direct(board)) else {}),
         "speedups_by_size": {task: [{"series": s["series"], "points": [list(p) for p in
                                                                         s["points"]]}
                                     for s in series]

@@ -160,6 +160,16 @@ def agent_lines(records: list[dict]) -> list[str]:
              + f"; restarts {sum(int(r.get('agent_restarts') or 0) for r in runs)}; "
              f"optimizations kept {sum(int(r.get('agent_kept') or 0) for r in runs)}; "
              f"cost ${cost:.4f} over all steps"]
+    for r in sorted(runs, key=lambda r: r["nodeid"]):
+        steps = []
+        for h in r["round_history"]:
+            speed = "" if h.get("speedup") is None else f" {h['speedup']:.2f}"
+            mark = (" kept" if h.get("kept") and h.get("role") == "optimize" else
+                    " discarded" if h.get("kept") is False else
+                    " (trap: restart)" if h.get("restart") else "")
+            steps.append(f"i{h['round']} {h.get('role', '?')} {h['verdict']}{speed}{mark}")
+        lines.append(f"  {r['task']} np{r.get('world', '?')}{_cand(r)}: " + "; ".join(steps)
+                     + f" (stop: {r.get('agent_stop') or '-'})")
     first = [{**r, "verdict": (r.get("agent_first") or {}).get("verdict") or r["verdict"],
               "speedup": (r.get("agent_first") or {}).get("speedup")} for r in runs]
     a, f = score(runs), score(first)

@@ -254,3 +254,45 @@ def test_the_best_of_k_runs_is_the_fastest_passing_one():
             for k, (v, s) in enumerate([("pass", 0.8), ("wrong_answer", None), ("pass", 1.1)])]
     (best,) = best_of_samples(recs)
     assert best["candidate"] == "s2" and best["speedup"] == 1.1
+
+
+def test_the_leaderboard_keeps_agent_and_direct_apart_and_compares_them():
+    from pytest_commbench import leaderboard
+    from pytest_commbench.report import agent_lines
+
+    def rec(task, verdict, speedup, agent_=None, **extra):
+        return {"model": "m", "task": task, "nodeid": f"{task}::x[np2]", "candidate": "",
+                "kind": "solution", "verdict": verdict, "speedup": speedup, "world": 2,
+                "refine_rounds": 3 if agent_ else 1, "category": "p2p", "library": "mpi",
+                "difficulty": "easy", "setup": "bare-metal", "fingerprint": {"platform": "cpu"},
+                "run": "a" if agent_ else "d", "cost": 0.01, **extra,
+                **({"agent": agent_} if agent_ else {})}
+
+    history = [{"round": 1, "role": "generate", "verdict": "wrong_answer", "speedup": None},
+               {"round": 2, "role": "generate", "verdict": "pass", "speedup": 1.0,
+                "kept": True},
+               {"round": 3, "role": "optimize", "verdict": "pass", "speedup": 0.5,
+                "kept": False}]
+    agent_runs = [rec("t1", "pass", 1.0, "geak", round_history=history, round=2,
+                      agent_calls={"generate": 2, "reflect": 1, "optimize": 1},
+                      agent_first={"verdict": "wrong_answer", "speedup": None}),
+                  rec("t2", "pass", 2.0, "geak", round_history=history[1:2], round=1,
+                      agent_calls={"generate": 1}, agent_first={"verdict": "pass",
+                                                                "speedup": 2.0})]
+    direct = [rec("t1", "wrong_answer", None), rec("t2", "pass", 2.0)]
+    board = leaderboard.build(direct + agent_runs)
+    labels = {e.label for e in board.entries}
+    assert labels == {"m (1 round)", "m (agent geak, 3 rounds)"}
+    rows = leaderboard.agent_vs_direct(board)
+    assert [r["mode"] for r in rows] == ["direct", "agent geak"]
+    assert rows[1]["passes"] == 2 and rows[0]["passes"] == 1 and rows[1]["calls"] == 2.5
+    assert rows[1]["pass_x_gm_gain"] == pytest.approx(board.entries[0].scores.pass_x_gm
+                                                      - rows[0]["pass_x_gm"])
+    assert any(t.title.startswith("Table 5") for t in leaderboard.tables(board))
+    lines = agent_lines(agent_runs)
+    assert "model calls generate 3, reflect 1, optimize 1" in lines[0]
+    assert "i2 generate pass 1.00; i3 optimize pass 0.50 discarded" in lines[1]
+    assert "Pass Rate 50.0% -> 100.0%" in lines[-1]
+    # records of no agent: no Table 5, no agent lines
+    plain = leaderboard.build(direct)
+    assert not leaderboard.agent_vs_direct(plain) and agent_lines(direct) == []
