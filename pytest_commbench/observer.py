@@ -370,8 +370,8 @@ class Observer:
             info: dict[str, Any] = {"layout": placed, "extra": trials[0].extra[number]}
             if batch > 1:
                 info.update(batch=batch, extras=[t.extra[number] for t in trials],
-                            feed=[[n, [int(x) for x in a.shape], str(a.dtype)]
-                                  for n, a in trials[0].inputs[number].items()])
+                            feed=[[[n, [int(x) for x in a.shape], str(a.dtype)]
+                                   for n, a in t.inputs[number].items()] for t in trials])
             if remap:
                 info["remap"] = rank.data_bytes
             rank.ctl.write_info(info)
@@ -386,9 +386,8 @@ class Observer:
         no window in which a solution's thread could do the call's work before it is timed."""
         rank = self.ranks[number]
         if len(trials) > 1:  # a batch: every call's inputs in order into the rank's feed
-            names = list(trials[0].inputs[number])
-            data = b"".join(np.ascontiguousarray(t.inputs[number][n]).tobytes()
-                            for t in trials for n in names)
+            data = b"".join(np.ascontiguousarray(a).tobytes()
+                            for t in trials for a in t.inputs[number].values())
             wrote = os.write(rank.feed_w, data) if data else 0
             if wrote != len(data):  # the last batch's inputs were not all read
                 raise RuntimeError(f"rank {number}'s feed took {wrote} of {len(data)} bytes")

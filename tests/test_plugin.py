@@ -477,3 +477,15 @@ def test_every_call_of_a_timed_batch_is_checked(bench):
     bench.run().assert_outcomes(passed=1)
     sizes = bench.records()[-1]["sizes"]
     assert sizes[0]["batch"] > 1 and all(s["batch"] >= 1 for s in sizes)
+
+
+def test_a_batch_whose_calls_differ_in_shape_hands_each_call_buffers_of_its_own(bench):
+    """MoE combine: each call's routing is drawn afresh, so the calls of a timed batch have
+    inputs of different shapes; each call gets buffers of its own shape (its inputs through
+    the feed) and the reference passes against itself."""
+    bench.timed()
+    bench.add_task("ep/moe_combine", ranks=2, sizes=[5, 128])
+    bench.run("--commbench-timing-max-rounds=1").assert_outcomes(passed=1)
+    (record,) = bench.records()
+    assert record["verdict"] == "pass", record["message"]
+    assert any(s["batch"] > 1 for s in record["sizes"]), record["sizes"]

@@ -275,7 +275,9 @@ class Calls:
         self.k = 0  # the last call made (numbered over the whole job)
         self.version = -1
         self.args: list[Any] = []
-        self.work: dict[str, Any] | None = None  # a batch's buffers handed to the solution
+        # a batch's buffer sets handed to the solution, one per call, and their inputs' specs
+        self.work: list[dict[str, Any]] | None = None
+        self.fed: list = []
 
     def wait(self, word: str, k: int, case: int) -> bool:
         """Until `word` reaches k (True) or the case has ended (False): spinning for SPIN_S,
@@ -334,19 +336,23 @@ class Calls:
                 # and the solution); the later calls' inputs are nowhere in this process
                 extras = info.get("extras") or [{}] * batch
                 sets = batch_sets(bufs, batch)
-                fed = info.get("feed") or []
-                if fresh or self.work is None:
-                    self.work = {name: np.empty_like(a) for name, a in sets[0].items()}
-                    self.work.update({name: np.empty(shape, dtype)
-                                      for name, shape, dtype in fed})
-                fed_bufs = [self.work[name] for name, *_ in fed]
+                fed = info.get("feed") or [[] for _ in range(batch)]  # per call: its inputs
+                if fresh or self.work is None or fed != self.fed:
+                    # a set of the rank's own per call (the calls' shapes may differ)
+                    self.work = [{name: np.empty_like(a) for name, a in one.items()}
+                                 for one in sets]
+                    for work, spec in zip(self.work, fed):
+                        work.update({name: np.empty(shape, dtype) for name, shape, dtype in spec})
+                    self.fed = fed
+                fed_bufs = [[work[name] for name, *_ in spec]
+                            for work, spec in zip(self.work, fed)]
                 outs = [name for name, kind, *_ in placed if kind == "out"]
                 outs = sorted({name.rpartition(BATCH_SEP)[0] for name in outs})
                 argsets = []
                 for j in range(batch):
                     for key, value in extras[j].items():
                         setattr(ctx, key, value)
-                    self.bind(case, ctx, self.work, fresh and j == 0)
+                    self.bind(case, ctx, self.work[j], fresh and j == 0)
                     argsets.append((extras[j], self.args))
             else:
                 self.bind(case, ctx, bufs, fresh)  # context values may change per call
@@ -362,11 +368,11 @@ class Calls:
                 if not self.wait("gate", k, index):
                     return
             if batch > 1:
-                work = self.work
-                for (values, args), one in zip(argsets, sets):
+                for (values, args), one, work, inputs in zip(argsets, sets, self.work,
+                                                             fed_bufs):
                     for name, buf in one.items():  # its poisoned outputs
                         np.copyto(work[name], buf)
-                    read_feed(self.link.feed, fed_bufs)  # its inputs (in-place ones too)
+                    read_feed(self.link.feed, inputs)  # its inputs (in-place ones too)
                     for key, value in values.items():
                         setattr(ctx, key, value)
                     self.args = args
