@@ -61,3 +61,31 @@ def test_a_rank_never_runs_the_next_cases_first_call_in_the_old_cases_loop():
     calls.case(2, {"id": "c1", "args": ["buf", "tag"], "params": {"tag": "c1"}}, ctx)
     t.join(5)
     assert made == [("c0", 1), ("c1", 2)]
+
+
+def test_the_feed_fills_each_calls_inputs_in_order_and_says_when_they_were_taken():
+    """A batch's inputs through the feed: arrays filled in order (empty ones too: a rank that
+    gets no rows), and inputs missing from the feed (read ahead by someone else) are an error
+    of the rank, not a short read."""
+    import numpy as np
+    import pytest
+
+    from pytest_commbench.rank.protocol import feed_pipe, read_feed
+
+    r, w, capacity = feed_pipe()
+    try:
+        assert capacity >= 1 << 16
+        sent = [np.arange(5, dtype=np.float64), np.empty((0, 4), np.float32),
+                np.arange(3, dtype=np.int64)]
+        os.write(w, b"".join(a.tobytes() for a in sent))
+        got = [np.empty_like(a) for a in sent]
+        read_feed(r, got)
+        for a, b in zip(sent, got):
+            assert a.shape == b.shape and np.array_equal(a, b)
+        os.write(w, np.arange(2, dtype=np.float64).tobytes())
+        os.read(r, 8)  # one element taken ahead of its call
+        with pytest.raises(RuntimeError, match="missing from the harness's feed"):
+            read_feed(r, [np.empty(2, np.float64)])
+    finally:
+        os.close(r)
+        os.close(w)
