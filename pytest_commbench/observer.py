@@ -54,6 +54,7 @@ MIN_REPS = 3  # timed repetitions of a case at least, whatever the observer's ow
 BATCH_S = 1e-3
 MAX_BATCH = 128
 BATCH_BYTES = 64 << 20
+DRAWS = 20  # batches drawn at most for one whose inputs fit the feeds
 TRIAL_BATCHES = 3  # trial batches timed per step of the batch size's growth
 SAMPLES = 16  # positions per output checked the moment a rank says it is done
 LIVENESS_S = 0.005  # how often a wait looks at the job's processes and sockets
@@ -603,7 +604,14 @@ class Observer:
         """Fresh inputs for a timed repetition: one trial, or one per call of a batch."""
         if batch <= 1:
             return self.op.timed_trial(self.rng, case)
-        return [self.op.timed_trial(self.rng, case) for _ in range(batch)]
+        room = min(r.feed_bytes for r in self.ranks)
+        for _ in range(DRAWS):
+            trials = [self.op.timed_trial(self.rng, case) for _ in range(batch)]
+            if all(sum(a.nbytes for t in trials for a in t.inputs[r].values()) <= room
+                   for r in range(self.world)):
+                return trials
+        raise RuntimeError(f"{DRAWS} batches of {batch} calls drawn, none fits the ranks' "
+                           f"feeds ({room} bytes)")
 
     def _batch_size(self, case: Case, trial: Trial, per_call: float) -> int:
         """Calls per timed batch: grown from the warm-up's time per call (which is mostly
@@ -617,9 +625,11 @@ class Observer:
             sum(int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
                 for shape, dtype in trial.outputs[r].values())
             for r in range(self.world))
+        # a call's inputs may vary in size (MoE routing is drawn per call): room for twice
+        # the warm-up's in the feed, and a batch that would still not fit is drawn again
         fed = max(sum(a.nbytes for a in trial.inputs[r].values()) for r in range(self.world))
         most = max(1, min(MAX_BATCH, BATCH_BYTES // max(per_set, 1),
-                          min(r.feed_bytes for r in self.ranks) // max(fed, 1)))
+                          min(r.feed_bytes for r in self.ranks) // max(2 * fed, 1)))
         batch = max(1, min(most, int(np.ceil(BATCH_S / per_call))))
         while batch > 1:
             # the fastest of a few: a batch of calls of microseconds that met a scheduler

@@ -489,3 +489,30 @@ def test_a_batch_whose_calls_differ_in_shape_hands_each_call_buffers_of_its_own(
     (record,) = bench.records()
     assert record["verdict"] == "pass", record["message"]
     assert any(s["batch"] > 1 for s in record["sizes"]), record["sizes"]
+
+
+def test_a_batch_is_drawn_so_that_every_ranks_inputs_fit_its_feed():
+    """Calls whose inputs vary in size (MoE routing): a drawn batch whose inputs would not fit
+    a rank's feed is drawn again, and where none fits the observer says so."""
+    from types import SimpleNamespace
+
+    from pytest_commbench import checks
+    from pytest_commbench.observer import Observer
+
+    op = checks.get("moe_combine")
+    rng = np.random.default_rng(7)
+    case = op.make_case(rng, "c0", 1000, "float32", 4,
+                        {"hidden": 64, "num_experts": 16, "topk": 2}, 1, 0)
+
+    def sizes(trials):
+        return [sum(a.nbytes for t in trials for a in t.inputs[r].values()) for r in range(4)]
+
+    drawn = [sizes([op.timed_trial(rng, case) for _ in range(4)]) for _ in range(40)]
+    room = int(np.median([max(d) for d in drawn]))  # about half the batches fit
+    fake = SimpleNamespace(op=op, rng=rng, world=4,
+                           ranks=[SimpleNamespace(feed_bytes=room) for _ in range(4)])
+    for _ in range(10):
+        assert max(sizes(Observer._draw(fake, case, 4))) <= room
+    fake.ranks = [SimpleNamespace(feed_bytes=min(min(d) for d in drawn) // 4)] * 4
+    with pytest.raises(RuntimeError, match="none fits"):
+        Observer._draw(fake, case, 4)
