@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shutil
@@ -35,8 +36,10 @@ class Bench:
         (self.root / "pytest.ini").write_text(INI + CHECK_ONLY)
 
     def timed(self) -> Bench:
-        """Items are timed against the reference (the tests of the timing itself)."""
+        """Items are timed against the reference (the tests of the timing itself): the test
+        has the CPUs to itself (see `cpu_share`)."""
         (self.root / "pytest.ini").write_text(INI)
+        exclusive_cpus()
         return self
 
     def add_task(self, relpath: str = TASK, ranks: int | None = 2, name: str | None = None,
@@ -87,6 +90,41 @@ def _processes_with(needle: bytes) -> list[int]:
             if needle in cmd:
                 found.append(int(entry))
     return found
+
+
+_SHARE: list[int] = []  # this test's descriptor of the CPU lock, while it runs
+
+
+@pytest.fixture(autouse=True)
+def cpu_share(tmp_path_factory):
+    """Under pytest-xdist every test holds a shared lock on the machine's CPUs, and a test
+    whose assertions rest on timing (`exclusive_cpus`) holds it alone: on a 2-CPU machine a
+    timing test next to another worker's MPI jobs measures the contention, not the code."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        yield
+        return
+    path = tmp_path_factory.getbasetemp().parent / "commbench-cpus.lock"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    fcntl.flock(fd, fcntl.LOCK_SH)
+    _SHARE.append(fd)
+    try:
+        yield
+    finally:
+        _SHARE.remove(fd)
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)
+
+
+def exclusive_cpus() -> None:
+    """The running test needs the CPUs to itself from now on (waits for the others' tests)."""
+    for fd in _SHARE:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+
+
+@pytest.fixture
+def cpus_alone():
+    """A function: the running test has the CPUs to itself from then on."""
+    return exclusive_cpus
 
 
 @pytest.fixture
