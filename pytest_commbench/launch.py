@@ -55,6 +55,25 @@ def mpi_version() -> str:
     return lines[0] if lines else "unknown"
 
 
+@functools.lru_cache(maxsize=1)
+def mpi_abi() -> str | None:
+    """The MPI ABI the ranks' mpi4py loads ("openmpi", "mpich"), from a child process that
+    loads it without initializing MPI; None where mpi4py cannot tell (or is too old to ask)."""
+    probe = ("import mpi4py; mpi4py.rc.initialize = mpi4py.rc.finalize = False\n"
+             "from mpi4py import MPI\n"
+             "text = MPI.Get_library_version()\n"
+             "print('openmpi' if 'Open MPI' in text else 'mpich' if 'MPICH' in text or "
+             "'Intel' in text else '')\n")
+    env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
+    try:
+        done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                              timeout=60, env=env)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    found = done.stdout.strip()
+    return found or None
+
+
 SECRET = re.compile(r"(^COMMBENCH_)|(_API_KEY$)|(_KEY$)|(TOKEN)|(SECRET)|(PASSWORD)|(PASSWD)|"
                     r"(CREDENTIAL)|(^AWS_)|(^AZURE_)|(^GOOGLE_APPLICATION)", re.I)
 
@@ -64,6 +83,13 @@ def mpi_env() -> dict[str, str]:
     business (COMMBENCH_*: the seed among them) or looks like a credential (model API keys)."""
     env = {k: v for k, v in os.environ.items() if not SECRET.search(k)}
     # containers and CI run as root; Open MPI refuses without these
+    # mpi4py (4.x, built for several MPI ABIs) picks its ABI by looking for MPI symbols in the
+    # process first: the run-time guard's preload exports MPI names without Open MPI's data
+    # symbols, which made it pick MPICH's (libmpi.so.12) under a task that forbids MPI_*;
+    # the ABI is named instead (it is that of the MPI the launcher belongs to)
+    abi = mpi_abi()
+    if abi:
+        env.setdefault("MPI4PY_MPIABI", abi)
     env.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
     env.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
     env.setdefault("PYTHONUNBUFFERED", "1")
@@ -136,6 +162,44 @@ def _die_with_parent() -> None:  # pragma: no cover - runs in the child before e
         pass
 
 
+# the jobs this process has started and not yet finished (the stop handler ends them)
+LIVE: dict[int, Job] = {}
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+
+
+def end_live_jobs() -> None:
+    """Kill every job this process started and has not finished, and wait until their
+    processes are gone (a sandboxed job's namespace with them)."""
+    for job in list(LIVE.values()):
+        try:
+            kill_session(job.proc.pid, grace=1.0)
+            job.proc.wait(timeout=10)
+        except Exception:  # noqa: BLE001 - the next job still gets its kill
+            pass
+        LIVE.pop(job.proc.pid, None)
+
+
+def _stop(signum: int, _frame) -> None:
+    """SIGTERM/SIGHUP to the controller (a CI job cancelled, a scheduler's time limit): its
+    jobs go first, then the controller dies of the same signal, as it would have."""
+    end_live_jobs()
+    signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)
+
+
+def install_stop_handlers() -> None:
+    """In the main thread of a controller (pytest, an xdist worker): a job never outlives it.
+    SIGINT is pytest's (KeyboardInterrupt runs every job's `finish`); SIGKILL leaves only the
+    parent-death signal, which ends the job's sandbox."""
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return
+    for sig in STOP_SIGNALS:
+        if signal.getsignal(sig) in (signal.SIG_DFL, None):
+            signal.signal(sig, _stop)
+
+
 class Job:
     """A started job: its own process session, output to a log, a deadline, a kill that leaves
     nothing behind."""
@@ -149,6 +213,7 @@ class Job:
         self.proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=self._out,
                                      stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                      start_new_session=True, preexec_fn=_die_with_parent)
+        LIVE[self.proc.pid] = self
         self.timed_out = False
 
     def alive(self) -> bool:
@@ -183,6 +248,7 @@ class Job:
             self.proc.wait(timeout=10)
         except subprocess.TimeoutExpired:  # pragma: no cover - KILL cannot be ignored
             pass
+        LIVE.pop(self.proc.pid, None)
         self._out.close()
         code = self.proc.returncode
         return JobResult(None if self.timed_out or code is None else code, self.timed_out,

@@ -6,6 +6,7 @@ import pytest
 
 from . import hookspecs
 from .items import TaskManifest, is_manifest, record_crashed_item, record_from_report
+from .launch import install_stop_handlers
 from .leaderboard import render_run
 from .models.api import api_model_names, make_api_model
 from .models.builtin import BUILTIN_NAMES, make_builtin
@@ -71,6 +72,7 @@ def pytest_configure(config: pytest.Config) -> None:
         config.addinivalue_line("markers", f"library_{lib}: commbench task attribute")
     state = create(config)
     config.stash[STATE] = state
+    install_stop_handlers()
     config.pluginmanager.register(ResultsCollector(state), "commbench-results")
     if config.pluginmanager.hasplugin("xdist"):
         config.pluginmanager.register(XdistHooks(state), "commbench-xdist")

@@ -76,6 +76,7 @@ def unreadable(records: list[dict]) -> list[str]:
         load = r.get("host_load") or {}
         why = (f"contended: {load.get('ranks')} busy ranks and {load.get('outside_cpus')} CPUs "
                f"of other load on {load.get('cpus')} CPUs" if trust == "contended" else
+               "shared: its ranks shared a GPU" if trust == "shared" else
                f"noisy: +/- {100 * (r.get('speedup_se') or 0):.1f}% after "
                f"{r.get('timing_rounds')} timing rounds")
         out.append(f"{r['task']} np{r.get('world', '?')}{_cand(r)} ({why})")
@@ -206,6 +207,11 @@ def render(records: list[dict], write_line: WriteLine, write_sep: WriteSep,
                                   "band", "per size (count:speedup)"])
         for line in table.splitlines():
             write_line(line)
+        shared = [r for r in solutions if r.get("timing_trust") == "shared"
+                  or str((r.get("fingerprint") or {}).get("placement", "")).startswith("shared")]
+        if shared:
+            write_line("ranks shared GPUs (--commbench-ranks-per-gpu): verdicts hold, but the "
+                       "timings are of ranks sharing one device, not NVLink figures")
         doubtful = unreadable(solutions)
         if doubtful:
             write_line(f"speedups not to be read as they stand ({len(doubtful)}): "

@@ -19,8 +19,8 @@ from typing import Any
 
 import numpy as np
 
-from . import checks, interposer, observer, regions, sandbox
-from .build import ALWAYS_FORBIDDEN_C, expand_forbid
+from . import checks, cupti_guard, interposer, observer, regions, sandbox
+from .build import ALWAYS_FORBIDDEN_C, expand_forbid, native_forbid
 from .checks.base import Case, make_late
 from .launch import Job, find_mpiexec, mpi_env
 from .models.base import Candidate, Reply
@@ -248,6 +248,10 @@ def _run(task, world, candidate, platform, settings, record) -> None:
         for case, size in zip(cases, record["sizes"]):
             size["batch"] = plan.batches.get(case.id, 1)
         _trust(record)
+        if getattr(platform, "shared", lambda _w: False)(world):
+            # ranks shared a GPU: the speedup compares two programs time-sliced or under MPS
+            # on one device, not what either does over NVLink; never banded
+            record["timing_trust"] = "shared"
 
 
 def _trust(record: dict[str, Any]) -> None:
@@ -407,6 +411,18 @@ def _interposer(task: Task, settings: Settings) -> Path | None:
     return interposer.build_interposer(patterns, libs, settings.cache / "guard")
 
 
+def _cupti_guard(task: Task, settings: Settings) -> Path | None:
+    """The library each rank of a CUDA task arms before loading the solution: a CUDA runtime
+    or driver function the task forbids, called from the solution's code however its address
+    was found, ends the rank (None where the task forbids none or CUPTI is missing)."""
+    if task.language != "cuda" or not task.forbid:
+        return None
+    patterns = native_forbid(expand_forbid(task.forbid))
+    return cupti_guard.build_cupti_guard(
+        patterns, settings.cache / "cupti",
+        trusted=cupti_guard.trusted_for({task.library, *task.requires}))
+
+
 def _job_seed(seed: int, job_dir: Path) -> int:
     return int.from_bytes(hashlib.sha256(f"{seed}:{job_dir.name}".encode()).digest()[:8],
                           "little")
@@ -427,6 +443,7 @@ def _run_job(plan: Plan, artifact: Path, job_dir: Path, lease_env: dict[str, str
         "fixtures": list(task.fixtures), "workspace_bytes": task.workspace,
         "backend": platform.backend, "out": str(out), "scratch": str(scratch),
         "job_dir": str(job_dir.resolve()), "nccl_lib": libs, "deadline_s": plan.deadline,
+        "ranks_per_gpu": getattr(platform, "ranks_per_gpu", 1),
         "cases": [{"id": c.id, "args": c.args, "params": c.params} for c in plan.cases],
     }
     job_file = job_dir / "ro" / "job.json"
@@ -441,6 +458,11 @@ def _run_job(plan: Plan, artifact: Path, job_dir: Path, lease_env: dict[str, str
         staged = job_dir / "ro" / preload.name
         shutil.copyfile(preload, staged)
         env["LD_PRELOAD"] = ":".join(p for p in (str(staged), env.get("LD_PRELOAD")) if p)
+    watch = _cupti_guard(task, settings)
+    if watch is not None:  # loaded and armed by each rank, before the solution
+        staged = job_dir / "ro" / watch.name
+        shutil.copyfile(watch, staged)
+        env[cupti_guard.GUARD_ENV] = str(staged)
     argv = platform.launch_argv(world, job_file)
     if settings.sandbox:
         argv = sandbox.wrap(job_dir, argv, env, hide=_hidden(settings))
@@ -487,6 +509,8 @@ def _run_job(plan: Plan, artifact: Path, job_dir: Path, lease_env: dict[str, str
         obs.end(len(plan.cases))
         result = job.finish()
         obs.close()
+        if not settings.sandbox:  # a sandbox's daemons die with it; here one may be left
+            getattr(platform, "reap", lambda _out: None)(out)
     outcome.output, outcome.seconds = result.output, result.seconds
     outcome.batches = obs.batches
     if outcome.verdict in (Verdict.RUNTIME_ERROR, Verdict.TIMEOUT):
@@ -522,7 +546,9 @@ def _blame(outcome: Outcome, result, out: Path, world: int, loaded: bool) -> Non
     """Who ended the job: a forbidden call (the guard's report), a rank that raised or died,
     or, before any rank said it was loading the solution, the harness or the machine."""
     reports = observer.guard_reports(out)
-    if result.returncode == interposer.RESOLVE_EXIT and not reports:
+    # an exit code is evidence of the harness's failure only before any rank began to load
+    # the solution: afterwards the solution can end its rank with any code it likes
+    if result.returncode == interposer.RESOLVE_EXIT and not reports and not loaded:
         raise InfraError("the run-time guard does not fit the MPI the ranks loaded: "
                          f"{result.output.strip()[-800:]}")
     if reports:

@@ -29,7 +29,10 @@ MUTANT_UNJUDGED = (*NOT_APPLICABLE, "aborted")
 
 INCONCLUSIVE = "inconclusive"
 # the worst of a task's items' timing trust is the task's
-TRUST_ORDER = ("ok", "noisy", "contended")
+TRUST_ORDER = ("ok", "noisy", "contended", "shared")
+# trusts whose speedups get no band, whatever their interval: contention biases every job
+# alike, and ranks sharing a GPU measure neither NVLink nor the program on its own devices
+UNBANDED = ("contended", "shared")
 
 
 def band(speedup: float | None, interval: list[float] | None = None,
@@ -42,7 +45,7 @@ def band(speedup: float | None, interval: list[float] | None = None,
     if speedup is None:
         return ""
     if trust is not None:
-        if trust == "contended" or not interval:
+        if trust in UNBANDED or not interval:
             return INCONCLUSIVE
         lo, hi = band(interval[0]), band(interval[1])
         return lo if lo == hi else INCONCLUSIVE

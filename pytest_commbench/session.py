@@ -124,6 +124,10 @@ BUDGET_DESC = ("seconds of timed work per size per job; repetitions go on past -
                "until it is spent (default 0.25)")
 MAX_REPS_DESC = "at most this many timed repetitions per size per job (default 200)"
 KEEP_DESC = "keep the scratch directories of passing items too"
+RANKS_PER_GPU_DESC = ("shared placement: put up to N ranks on one GPU, so an item of W ranks runs "
+                      "where ceil(W/N) GPUs are visible (each job gets an MPS daemon of its "
+                      "own); checks correctness on fewer GPUs, its timings are not NVLink "
+                      "figures (default 1: one GPU per rank)")
 SHARED_NODE_DESC = ("timed items lease only the GPUs they use instead of the whole node "
                     "(faster with -n, but neighbours may disturb the numbers)")
 UNSANDBOXED_DESC = ("run jobs without their sandbox where namespaces are not available "
@@ -172,6 +176,7 @@ OPTIONS: list[Option] = [
     Option("check_only", _flag, False, CHECK_ONLY_DESC, flag=True),
     Option("keep", _flag, False, KEEP_DESC, flag=True),
     Option("shared_node", _flag, False, SHARED_NODE_DESC, flag=True),
+    Option("ranks_per_gpu", positive_count, 1, RANKS_PER_GPU_DESC),
     Option("unsandboxed", _flag, False, UNSANDBOXED_DESC, flag=True),
     Option("base_url", _text, None, BASE_URL_DESC),
     Option("models_file", _text, None, MODELS_FILE_DESC),
@@ -430,6 +435,13 @@ def create(config: pytest.Config) -> CommbenchState:
         platform_name = detect()
     model = _make(config, "model", model_name, model_where)
     platform = _make(config, "platform", platform_name, platform_where)
+    per_gpu, per_gpu_where = lookup(config, "ranks_per_gpu")
+    if int(per_gpu) > 1:
+        if not hasattr(platform, "place"):
+            raise pytest.UsageError(
+                f"{per_gpu_where}: ranks per GPU is a placement of GPU platforms; platform "
+                f"{platform.name} has no GPUs")
+        platform.place(int(per_gpu))
     resume_upto = None
     if workerinput and "commbench_seed" in workerinput:
         seed = workerinput["commbench_seed"]

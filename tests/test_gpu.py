@@ -4,6 +4,7 @@ memory back to what it was, and the next item passes."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -19,8 +20,12 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
+# ranks per GPU the plugin places (its own environment variable, read by the runs below too):
+# with 2 or more, these run on one GPU, ranks sharing it under MPS
+RANKS_PER_GPU = int(os.environ.get("COMMBENCH_RANKS_PER_GPU") or 1)
 pytestmark = pytest.mark.skipif(
-    detect() is None or len(nvidia_gpus()) < 2, reason="needs 2 NVIDIA GPUs of a known model")
+    detect() is None or len(nvidia_gpus()) * RANKS_PER_GPU < 2,
+    reason="needs 2 NVIDIA GPUs of a known model (or one, with COMMBENCH_RANKS_PER_GPU=2)")
 
 
 def _smi(query: str) -> list[str]:

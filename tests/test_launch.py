@@ -1,7 +1,11 @@
 from __future__ import annotations
 
+import signal
+import subprocess
 import sys
 import time
+
+import pytest
 
 from pytest_commbench.launch import run_job, session_pids
 
@@ -41,3 +45,44 @@ def test_output_is_capped_to_its_tail(tmp_path):
 
 def test_session_pids_sees_nothing_for_an_unused_session():
     assert session_pids(2**22 + 12345) == []
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP, signal.SIGKILL])
+def test_a_job_never_outlives_the_pytest_that_started_it(bench, processes_with, sig):
+    """pytest ended mid-item (a CI job cancelled, a scheduler's limit, kill -9): the item's
+    job — launcher, ranks, sandbox — is gone within seconds, not at its deadline."""
+    bench.add_task("collective/ring_allreduce", ranks=2)
+    hang = bench.solution_dir("hang")
+    log = bench.root / "pytest.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "pytest", "suites", "-p", "no:cacheprovider",
+             f"--commbench-model=dir:{hang}", "--platform=cpu", "--commbench-timeout=120"],
+            cwd=bench.root, stdout=out, stderr=subprocess.STDOUT)
+    marker = str(bench.root).encode()
+
+    def ranks() -> list[int]:
+        return [p for p in processes_with(b"commbench_rank") if marker in _cmdline(p)]
+
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and len(ranks()) < 3:
+        time.sleep(0.2)
+    assert len(ranks()) >= 3, log.read_text()[-2000:]  # the sandbox and two ranks
+    time.sleep(1.0)  # the ranks are in the solution's hang now
+    sent = time.monotonic()
+    proc.send_signal(sig)
+    proc.wait(timeout=30)
+    while time.monotonic() < sent + 15 and ranks():
+        time.sleep(0.1)
+    gone = time.monotonic() - sent
+    assert ranks() == [], f"job processes alive {gone:.1f} s after {sig.name}"
+    assert proc.returncode == -sig, proc.returncode
+    print(f"{sig.name}: the job was gone {gone:.2f} s after the signal")
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read()
+    except OSError:
+        return b""

@@ -50,7 +50,10 @@ typedef struct commbench_ctx {
   int64_t params[COMMBENCH_MAX_PARAMS];
 
   // host-side helpers over the harness's own MPI communicator (for exchanging handles and
-  // ids during set-up; they synchronize the host only). Each returns 0 on success.
+  // ids during set-up; they synchronize the host only). Each returns 0 on success. They work
+  // in a set-up call (the first call of a case, whose buffers are new) and carry at most
+  // 4096 bytes per rank and call; elsewhere they return 2 and do nothing (a task whose
+  // answer is host data, such as a topology, may use them in every call: its prompt says so).
   void* host;
   int (*allgather)(void* host, const void* send, size_t bytes, void* recv);
   int (*broadcast)(void* host, void* buf, size_t bytes, int root);

@@ -10,10 +10,14 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import json
+import math
 import os
 import re
 import shutil
+import stat
 import subprocess
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +27,10 @@ from ..build import build_cuda, build_python, find_cuda_libs
 from ..leases import lease
 from ..tasks import Task
 from .base import Platform
+
+# the feature of a task whose contract needs every rank on a GPU of its own (device topology,
+# peer access between devices): shared placement lacks it
+DISTINCT = "distinct-gpus"
 
 
 @dataclass(frozen=True)
@@ -40,12 +48,12 @@ class GpuProfile:
 PROFILES = {
     "h200": GpuProfile("h200", "nvidia", "sm_90", "nvcc", 8, "nvlink", "H200",
                        frozenset({"nvlink", "sm_90", "nccl", "nccl-device", "nvshmem", "cuda-ipc",
-                                  "cupy", "nvml"})),
+                                  "cupy", "nvml", DISTINCT})),
     "b300": GpuProfile("b300", "nvidia", "sm_103a", "nvcc", 8, "nvlink", "B300",
                        frozenset({"nvlink", "sm_100", "nccl", "nccl-device", "nvshmem",
-                                  "cuda-ipc", "cupy", "nvml"})),
+                                  "cuda-ipc", "cupy", "nvml", DISTINCT})),
     "gh200": GpuProfile("gh200", "nvidia", "sm_90", "nvcc", 1, "nvlink-c2c", "GH200",
-                        frozenset({"sm_90", "nccl", "nvshmem", "cupy"})),
+                        frozenset({"sm_90", "nccl", "nvshmem", "cupy", DISTINCT})),
     "mi325x": GpuProfile("mi325x", "amd", "gfx942", "hipcc", 8, "xgmi", "MI325X",
                          frozenset({"xgmi", "rccl", "hip-ipc"})),
 }
@@ -160,6 +168,28 @@ def _version(argv: tuple[str, ...], pattern: str) -> str:
     return m.group(1) if m else "unknown"
 
 
+# what a job on shared GPUs gets besides its MPS daemon: NCCL over sockets on loopback (each
+# rank is a "host" of its own, see the rank harness's `share_gpu`: NCCL refuses two ranks on
+# one GPU otherwise); each rank's share of the SMs is set by the rank harness
+SHARED_ENV = {
+    "NCCL_SOCKET_IFNAME": "lo",
+    "NCCL_IB_DISABLE": "1",
+}
+MPS_CONTROL_DIRS = ("/usr/local/nvidia/bin", "/usr/bin", "/usr/local/bin")
+
+
+def mps_control() -> str | None:
+    """The MPS control program (PATH first, then where drivers put it)."""
+    found = shutil.which("nvidia-cuda-mps-control")
+    if found:
+        return found
+    for folder in MPS_CONTROL_DIRS:
+        path = Path(folder) / "nvidia-cuda-mps-control"
+        if path.exists() and os.access(path, os.X_OK):
+            return str(path)
+    return None
+
+
 class GpuPlatform(Platform):
     backend = "cuda"
     languages = ("cuda", "python")
@@ -171,6 +201,28 @@ class GpuPlatform(Platform):
         self.compiler = profile.compiler
         self.interconnect = profile.interconnect
         self.max_ranks = profile.gpus_per_node
+        self.ranks_per_gpu = 1
+
+    # -- placement --------------------------------------------------------------------------
+
+    def place(self, ranks_per_gpu: int) -> None:
+        """Shared placement: up to `ranks_per_gpu` ranks on one GPU (1: a GPU per rank)."""
+        self.ranks_per_gpu = max(1, int(ranks_per_gpu))
+
+    def gpus_for(self, world: int) -> int:
+        return math.ceil(world / self.ranks_per_gpu)
+
+    def shared(self, world: int) -> bool:
+        """Do ranks of a job of `world` ranks share a GPU?"""
+        return world > self.gpus_for(world)
+
+    def placement(self) -> str:
+        return ("one GPU per rank" if self.ranks_per_gpu == 1 else
+                f"shared: up to {self.ranks_per_gpu} ranks per GPU, under MPS")
+
+    def features(self, world: int) -> frozenset[str]:
+        return (self.profile.features - {DISTINCT} if self.shared(world)
+                else self.profile.features)
 
     def visible_gpus(self) -> int:
         if self.profile.vendor != "nvidia":
@@ -186,15 +238,23 @@ class GpuPlatform(Platform):
             return f"task runs on {', '.join(task.platforms)}, not on platform {self.name}"
         if task.language not in self.languages:
             return f"platform {self.name} does not build {task.language}"
-        missing = sorted(set(task.requires) - self.profile.features)
+        missing = sorted(set(task.requires) - self.features(world))
+        if missing == [DISTINCT]:
+            return (f"needs a GPU per rank (its contract is about distinct devices); ranks "
+                    f"share GPUs here (--commbench-ranks-per-gpu={self.ranks_per_gpu})")
         if missing:
             return f"platform {self.name} lacks {', '.join(missing)}"
-        gpus = self.visible_gpus()
-        if gpus < world:
-            return (f"needs {world} {self.profile.model} GPUs, this machine has {gpus}"
+        gpus, need = self.visible_gpus(), self.gpus_for(world)
+        if gpus < need:
+            hint = ("" if self.ranks_per_gpu > 1 else
+                    "; --commbench-ranks-per-gpu=N places N ranks on one GPU (correctness "
+                    "only)")
+            return (f"needs {need} {self.profile.model} GPUs, this machine has {gpus}{hint}"
                     if gpus else f"no {self.profile.model} GPU on this machine")
         if task.language == "cuda" and not shutil.which(self.compiler):
             return f"compiler {self.compiler} not found"
+        if self.shared(world) and mps_control() is None:
+            return "ranks share a GPU here, and the MPS control program is not installed"
         return super().skip_reason_common(task, world)
 
     def build(self, task: Task, source: str, cache_dir: Path):
@@ -205,20 +265,56 @@ class GpuPlatform(Platform):
     @contextlib.contextmanager
     def lease(self, world: int, exclusive: bool) -> Iterator[dict[str, str]]:
         """Lock the GPUs the job uses (all of the node's when timing exclusively) and show the
-        job only its own (CUDA_VISIBLE_DEVICES)."""
-        total = max(self.visible_gpus(), world)
-        with lease(world, total, exclusive) as devices:
+        job only its own (CUDA_VISIBLE_DEVICES). Under shared placement a job of W ranks uses
+        ceil(W / ranks per GPU) GPUs, local rank r the (r // ranks per GPU)-th."""
+        need = self.gpus_for(world)
+        total = max(self.visible_gpus(), need)
+        with lease(need, total, exclusive) as devices:
             visible = os.environ.get("CUDA_VISIBLE_DEVICES")
             ids = [x.strip() for x in visible.split(",")] if visible else [str(i) for i in range(total)]
             mine = [ids[d] for d in devices]
             env = {"CUDA_VISIBLE_DEVICES": ",".join(mine)}
+            if self.shared(world):
+                env.update(SHARED_ENV)
+            per_rank = [mine[min(r // self.ranks_per_gpu, len(mine) - 1)] for r in range(world)]
             # each rank runs on CPUs of its GPU's NUMA node (the rank harness pins itself)
             # (COMMBENCH_PIN=0 leaves the placement to the launcher and the kernel)
             pin = os.environ.get("COMMBENCH_PIN", "1") != "0"
-            cpus = rank_cpus(mine, gpu_local_cpus(), os.sched_getaffinity(0)) if pin else []
+            cpus = rank_cpus(per_rank, gpu_local_cpus(), os.sched_getaffinity(0)) if pin else []
             if any(cpus):
                 env["COMMBENCH_RANK_CPUS"] = ";".join(",".join(map(str, c)) for c in cpus)
             yield env
+
+    def launch_argv(self, world: int, job: Path) -> list[str]:
+        """Ranks on shared GPUs are started by the job's MPS wrapper (`rank/mps.py`), which
+        runs a daemon of the job's own around the launcher."""
+        argv = super().launch_argv(world, job)
+        if not self.shared(world):
+            return argv
+        out = json.loads(Path(job).read_text())["out"]
+        return [sys.executable, "-m", "commbench_rank.mps", mps_control() or
+                "nvidia-cuda-mps-control", out, "--", *argv]
+
+    def reap(self, out: Path) -> None:
+        """Stop an MPS daemon a job left behind (jobs without a sandbox, whose daemon is not
+        in a PID namespace that dies with the job): its pipe folder, from OUT/mps.json."""
+        from ..rank.mps import stop
+
+        try:
+            fd = os.open(Path(out) / "mps.json", os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
+            with os.fdopen(fd, "rb") as f:
+                if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+                    return  # a FIFO or a device the job planted: never read it
+                info = json.loads(f.read(4096))
+        except (OSError, ValueError):
+            return
+        pipe = info.get("pipe") if isinstance(info, dict) else None
+        if not isinstance(pipe, str) or info.get("state") == "stopped" or \
+                not pipe.startswith("/tmp/mps-"):
+            return
+        control = mps_control()
+        if control:
+            stop(control, dict(os.environ, CUDA_MPS_PIPE_DIRECTORY=pipe), pipe)
 
     def nccl_lib(self) -> str | None:
         """The folder of the NCCL library the ranks load (named in the job file)."""
@@ -247,6 +343,7 @@ class GpuPlatform(Platform):
             "nccl": libs.nccl_version,
             "nvshmem": libs.nvshmem_version,
             "interconnect": self.interconnect,
+            "placement": self.placement(),
         })
         topo = nvlink_topology()
         m = re.search(r"GPU0\s+X\s+(\S+)", topo)

@@ -13,6 +13,9 @@ import numpy as np
 from .backends import poison_value
 
 MAX_RANKS, MAX_BUFFERS, MAX_PARAMS = 16, 8, 8  # as in include/commbench.h
+# the host helpers carry set-up data (ids, handles, a few counts), never a task's payload
+HOST_BYTES = 4096
+HOST_REFUSED = 2  # their return value where they are not for this call
 
 
 class CudaBackend:
@@ -101,6 +104,25 @@ def keep_timing_thread_apart() -> None:
                 pass  # the thread has exited
 
 
+def share_gpu(job: dict, rank: int, size: int, local: int) -> None:
+    """Shared placement, before any CUDA context or NCCL exists in this process:
+    - NCCL refuses two ranks of one communicator on one GPU, unless each rank is a host of
+      its own (they then meet over the network transport, sockets on loopback);
+    - each rank on a GPU is an MPS client with an equal share of its SMs (the shares add up
+      to at most 100%: NVSHMEM's full multi-process mode needs that), so a kernel that waits
+      for a peer's kernel never waits for SMs that kernel holds."""
+    per_gpu = int(job.get("ranks_per_gpu") or 1)
+    if per_gpu <= 1:
+        return
+    import socket
+
+    os.environ["NCCL_HOSTID"] = f"{socket.gethostname()}-rank{rank}"
+    first = local // per_gpu * per_gpu
+    here = max(1, min(per_gpu, size - first))  # ranks on this rank's GPU
+    if here > 1:
+        os.environ["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(100 // here)
+
+
 def local_rank(world) -> int:
     for var in ("OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID"):
         if var in os.environ:
@@ -130,7 +152,9 @@ class GpuWorld:
         self.cp, self.harness, self.rank, self.size = cp, harness, rank, size
         self.local_rank = local_rank(world)
         ndev = cp.cuda.runtime.getDeviceCount()
-        self.device = self.local_rank % ndev
+        # shared placement: local ranks r*N .. r*N+N-1 on the r-th GPU the job was given
+        per_gpu = max(1, int(job.get("ranks_per_gpu") or 1))
+        self.device = (self.local_rank // per_gpu) % ndev
         cp.cuda.Device(self.device).use()
         self.stream = cp.cuda.Stream(non_blocking=True)
         fixtures = set(job.get("fixtures", []))
@@ -224,8 +248,13 @@ class CommbenchCtx(ctypes.Structure):
 class NativeSolution:
     """A compiled solution behind the C ABI of include/commbench.h."""
 
-    def __init__(self, path: str, world: GpuWorld, ipc: bool) -> None:
+    def __init__(self, path: str, world: GpuWorld, ipc: bool, every_call: bool = False) -> None:
         self.world, self.ipc = world, ipc
+        # the host helpers are for set-up: they work in a call whose buffers are new (the
+        # first of a case, where every rank maps its peers) and, for tasks whose contract is
+        # host data ("host-exchange"), in every call; never for more than HOST_BYTES a rank
+        self.every_call = every_call
+        self.host_ok = True
         self.lib = ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
         self.run = self.lib.commbench_run
         self.run.argtypes = [ctypes.POINTER(CommbenchCtx)]
@@ -240,6 +269,8 @@ class NativeSolution:
         fields = dict(CommbenchCtx._fields_)
 
         def allgather(_host, send, nbytes, recv):
+            if not self.host_ok or nbytes > HOST_BYTES:
+                return HOST_REFUSED
             try:
                 data = ctypes.string_at(send, nbytes)
                 parts = h.allgather(data)
@@ -249,6 +280,8 @@ class NativeSolution:
                 return 1
 
         def broadcast(_host, buf, nbytes, root):
+            if not self.host_ok or nbytes > HOST_BYTES:
+                return HOST_REFUSED
             try:
                 data = h.bcast(ctypes.string_at(buf, nbytes) if h.Get_rank() == root else None,
                                root=root)
@@ -258,6 +291,8 @@ class NativeSolution:
                 return 1
 
         def barrier(_host):
+            if not self.host_ok:
+                return HOST_REFUSED
             try:
                 h.Barrier()
                 return 0
@@ -276,6 +311,7 @@ class NativeSolution:
         collective on every call would deadlock with a late rank, prepared only at its gate
         while the others wait in their preparation.)"""
         w, c = self.world, self.ctx
+        self.host_ok = fresh or self.every_call
         if len(buffers) > MAX_BUFFERS or len(params) > MAX_PARAMS:
             raise ValueError("too many buffers or parameters for the C ABI")
         c.rank, c.world_size, c.local_rank, c.device = w.rank, w.size, w.local_rank, w.device

@@ -229,14 +229,17 @@ def run(job: dict, rank: int, status: Status, link: Link) -> None:
     extra: dict[str, Any] = {}
     gpu = None
     if backend.name == "cuda":
-        from .gpu import GpuWorld, local_rank, pin_cpus
+        from .gpu import GpuWorld, local_rank, pin_cpus, share_gpu
 
+        share_gpu(job, rank, size, local_rank(world))
         pin_cpus(local_rank(world))
         status.update(phase="set up the GPU world")
         harness = world.Dup()
         gpu = GpuWorld(job, world, harness, rank, size)
         extra = {"device": gpu.device, "local_rank": gpu.local_rank, "stream": gpu.stream,
                  "nccl": gpu.nccl}
+
+    watch = arm_cupti(job) if gpu is not None else None
 
     # from here on every failure is the solution's: the observer knows this rank got here
     status.update(phase="load solution")
@@ -247,7 +250,8 @@ def run(job: dict, rank: int, status: Status, link: Link) -> None:
         from .gpu import NativeSolution
 
         guard(job, rank, solution, scratch)
-        fn = NativeSolution(solution, gpu, "ipc" in job.get("fixtures", []))
+        fixtures = job.get("fixtures", [])
+        fn = NativeSolution(solution, gpu, "ipc" in fixtures, "host-exchange" in fixtures)
     else:
         guard(job, rank, solution, scratch)
         fn = load_solution(solution, job["entry"])
@@ -258,7 +262,24 @@ def run(job: dict, rank: int, status: Status, link: Link) -> None:
                       hostname=socket.gethostname(), params=case["params"], scratch=scratch,
                       **extra)
         calls.case(index, case, ctx)
+    if watch is not None:  # the guard is still on (a solution that switched it off ends here)
+        watch.commbench_guard_cupti_check()
     status.update(phase="done", done=True)
+
+
+def arm_cupti(job: dict):
+    """The run-time guard of CUDA calls (COMMBENCH_CUPTI_GUARD names the library): armed for
+    the solution's shared object before it is loaded, so its constructors are watched too.
+    A guard that cannot be armed fails the rank before the solution is loaded (the
+    harness's failure, never a run without it)."""
+    path = os.environ.get("COMMBENCH_CUPTI_GUARD")
+    if not path or job.get("language") != "cuda":
+        return None
+    lib = ctypes.CDLL(path)
+    lib.commbench_guard_cupti_arm.argtypes = [ctypes.c_char_p]
+    if lib.commbench_guard_cupti_arm(job["solution"].encode()) != 0:
+        raise RuntimeError("the CUDA run-time guard could not be armed (CUPTI refused it)")
+    return lib
 
 
 class Calls:
