@@ -2,47 +2,71 @@
 
 Started by `unshare --user --map-root-user --mount --pid --fork --kill-child --mount-proc`
 with a JSON plan as its one argument, it is root of a user namespace of its own and owns a
-mount namespace that nothing else shares. It builds the job's view of the filesystem, then
-starts the launcher with no capabilities and waits:
+mount namespace that nothing else shares. It builds the job's view of the filesystem, an
+allow-list, then starts the launcher with no capabilities and waits:
 
-- every mount becomes read-only (flags the kernel locked are kept as they were);
+- the job's root is a fresh, empty tmpfs; `pivot_root` makes it the root and the host's
+  root is detached, so nothing of the host is reachable but what was bound into it;
+- bound read-only at their own paths: what the plan keeps (the system trees /usr, /etc,
+  /lib..., the Python environment, the MPI and CUDA trees); a symbolic link on the way to a
+  kept path (/bin -> usr/bin, /usr/local/cuda -> cuda-12.8) is made again as a link;
 - what the plan hides (the package, the references, every run's files, the build cache,
-  the project tree) is covered by an empty read-only tmpfs; what it keeps inside a hidden
-  tree (the Python environment) is bound back read-only;
-- the job's own folder is bound back writable, except its `ro/` part (job file, solution,
-  rank code), which stays read-only;
-- /tmp, /var/tmp and /dev/shm are fresh tmpfs mounts of this job alone (Open MPI's and
+  the project tree) is covered by an empty read-only tmpfs where it lies inside a kept
+  tree; what is kept inside a hidden tree (a virtual environment in the project) is visible;
+- /dev is the host's (device nodes of the GPUs and NICs), read-only, with its block devices
+  covered by /dev/null; /sys is the host's, read-only (NCCL and CUDA read the PCI topology);
+- /tmp, /var/tmp, /dev/shm and /run are fresh tmpfs mounts of this job alone (Open MPI's and
   NCCL's shared-memory files die with the job);
 - /proc is this PID namespace's own (no process outside the job is visible) and /proc/sys
-  is read-only.
+  is read-only;
+- the job's own folder is bound writable at its own path, except its `ro/` part (job file,
+  solution, rank code), which stays read-only.
 
-The launcher runs with an empty capability bounding set and no_new_privs, so it and every
-rank can neither undo a mount nor gain a capability; mounts inherited by any namespace they
-create are locked by the kernel. When the launcher ends, this process ends, and the kernel
-kills every process left in the namespace (daemons included). When the controller dies,
-`unshare --kill-child` (itself killed by the parent-death signal the controller set) kills
-this process, with the same effect.
+The launcher runs in the job's folder with an empty capability bounding set and
+no_new_privs, so it and every rank can neither undo a mount nor gain a capability; mounts
+inherited by any namespace they create are locked by the kernel. When the launcher ends,
+this process ends, and the kernel kills every process left in the namespace (daemons
+included). When the controller dies, `unshare --kill-child` (itself killed by the
+parent-death signal the controller set) kills this process, with the same effect.
 """
 
 from __future__ import annotations
 
 import ctypes
+import errno
 import json
 import os
+import re
 import signal
+import stat
 import sys
 
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
-MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 32, 4096, 16384, 1 << 18
+MS_REMOUNT, MS_NOSYMFOLLOW, MS_BIND, MS_REC, MS_PRIVATE = 32, 256, 4096, 16384, 1 << 18
 MS_NOATIME, MS_NODIRATIME, MS_RELATIME, MS_STRICTATIME = 1024, 2048, 1 << 21, 1 << 24
 FLAG_OF = {"ro": MS_RDONLY, "nosuid": MS_NOSUID, "nodev": MS_NODEV, "noexec": MS_NOEXEC,
            "noatime": MS_NOATIME, "nodiratime": MS_NODIRATIME, "relatime": MS_RELATIME,
-           "strictatime": MS_STRICTATIME}
+           "strictatime": MS_STRICTATIME, "nosymfollow": MS_NOSYMFOLLOW}
 PR_SET_NO_NEW_PRIVS, PR_CAPBSET_DROP, PR_SET_PDEATHSIG = 38, 24, 1
+MNT_DETACH = 2
+SYS_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41, "riscv64": 41, "ppc64le": 203, "ppc64": 203,
+                  "s390x": 217}
+MAX_LINKS = 40
+# the job's own scratch, empty and writable (and the host's /var/run -> /run made again)
+SCRATCH = {"/tmp": "mode=1777", "/var/tmp": "mode=1777", "/dev/shm": "mode=1777",
+           "/run": "mode=755"}
+# what the host lends as it is: its devices, its sysfs, and the PID namespace's /proc that
+# `unshare --mount-proc` mounted
+HOST = ("/dev", "/sys", "/proc")
+# a mount under these that cannot be made read-only (one a container runtime locked) is
+# left as it is; anywhere else that ends the set-up
+PSEUDO = ("/dev", "/sys", "/proc")
 
 libc = ctypes.CDLL(None, use_errno=True)
 libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong,
                        ctypes.c_char_p]
+libc.umount2.argtypes = [ctypes.c_char_p, ctypes.c_int]
+libc.syscall.restype = ctypes.c_long
 
 
 class SetupError(Exception):
@@ -52,7 +76,7 @@ class SetupError(Exception):
 def mount(source: str | None, target: str, fstype: str | None, flags: int,
           data: str | None = None) -> None:
     def enc(s: str | None) -> bytes | None:
-        return None if s is None else s.encode()
+        return None if s is None else os.fsencode(s)
 
     if libc.mount(enc(source), enc(target), enc(fstype), flags, enc(data)) != 0:
         err = ctypes.get_errno()
@@ -60,17 +84,25 @@ def mount(source: str | None, target: str, fstype: str | None, flags: int,
                          f"{os.strerror(err)}")
 
 
+OCTAL = re.compile(rb"\\([0-7]{3})")
+
+
+def unescape(field: bytes) -> str:
+    """A path as mountinfo writes it: space, tab, newline and backslash as octal `\\ooo`,
+    every other byte as it is (UTF-8 names included)."""
+    return os.fsdecode(OCTAL.sub(lambda m: bytes([int(m.group(1), 8) & 0xFF]), field))
+
+
 def mount_points() -> list[tuple[str, int]]:
     """(mount point, per-mount flags) of every mount, parents before children."""
     points = []
-    with open("/proc/self/mountinfo") as f:
+    with open("/proc/self/mountinfo", "rb") as f:
         for line in f:
-            fields = line.split()
-            point = fields[4].encode().decode("unicode_escape")
+            fields = line.rstrip(b"\n").split(b" ")
             flags = 0
-            for opt in fields[5].split(","):
-                flags |= FLAG_OF.get(opt, 0)
-            points.append((point, flags))
+            for opt in fields[5].split(b","):
+                flags |= FLAG_OF.get(opt.decode("ascii", "replace"), 0)
+            points.append((unescape(fields[4]), flags))
     return points
 
 
@@ -78,55 +110,188 @@ def inside(path: str, root: str) -> bool:
     return path == root or path.startswith(root.rstrip("/") + "/")
 
 
-def cover(path: str) -> None:
-    """An empty tmpfs over `path` (made read-only with the rest, later)."""
-    mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV, "size=64k,mode=755")
+def walk(path: str) -> tuple[list[tuple[str, str]], str]:
+    """The symbolic links met on the way to `path`, each as (where it is, what it says), and
+    the path it leads to with no link left in it."""
+    links: list[tuple[str, str]] = []
+    todo = [p for p in path.split("/") if p]
+    cur = "/"
+    while todo:
+        part = todo.pop(0)
+        if part == ".":
+            continue
+        if part == "..":
+            cur = os.path.dirname(cur)
+            continue
+        nxt = os.path.join(cur, part)
+        if os.path.islink(nxt):
+            if len(links) >= MAX_LINKS:
+                raise SetupError(f"{path}: {os.strerror(errno.ELOOP)}")
+            target = os.readlink(nxt)
+            links.append((nxt, target))
+            if target.startswith("/"):
+                cur = "/"
+            todo = [p for p in target.split("/") if p] + todo
+            continue
+        cur = nxt
+    return links, cur
 
 
-def bind_back(fd: int, path: str) -> None:
-    """Bind the directory open as `fd` (opened before anything was covered) onto `path`."""
-    os.makedirs(path, exist_ok=True)
-    mount(f"/proc/self/fd/{fd}", path, None, MS_BIND | MS_REC)
+class View:
+    """The job's view, planned on the host's filesystem before anything is mounted: what is
+    bound (from descriptors opened now), covered, made fresh, and which links are made."""
+
+    # on one path: the job's folder over a fresh tmpfs over a kept tree over a hidden one
+    RANK = {"job": 0, "tmpfs": 1, "bind": 2, "cover": 3}
+
+    def __init__(self) -> None:
+        self.entries: dict[str, tuple[str, int | None]] = {}  # path -> (kind, source fd)
+        self.links: dict[str, str] = {}
+
+    def add(self, path: str, kind: str) -> str | None:
+        """Plan `path` (links on the way made again); its link-free path, None if absent."""
+        links, real = walk(path)
+        if not os.path.lexists(real):
+            return None
+        if kind in ("bind", "job"):
+            self.links.update(links)
+        old = self.entries.get(real)
+        if old is not None and self.RANK[old[0]] <= self.RANK[kind]:
+            return real
+        if old is not None and old[1] is not None:
+            os.close(old[1])
+        fd = None
+        if kind in ("bind", "job"):
+            fd = os.open(real, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC)
+        self.entries[real] = (kind, fd)
+        return real
+
+    def fresh(self, path: str) -> None:
+        """Plan a fresh tmpfs on `path` (made where the host has none)."""
+        old = self.entries.get(path)
+        if old is not None and old[1] is not None:
+            os.close(old[1])
+        self.entries[path] = ("tmpfs", None)
+
+    def nearest(self, path: str) -> str | None:
+        """The kind of the innermost entry strictly above `path` (None: the fresh root)."""
+        best, kind = "", None
+        for p, (k, _fd) in self.entries.items():
+            if p != path and inside(path, p) and len(p) > len(best):
+                best, kind = p, k
+        return kind
+
+    def build(self, root: str, null_fd: int) -> None:
+        """Mount it all under `root` (the fresh tmpfs), outer paths first. Nothing is ever
+        created inside a bound tree: a path there exists already, or is left out."""
+        steps = [(p, k, fd) for p, (k, fd) in self.entries.items()]
+        steps += [(p, "link", None) for p in self.links]
+        steps.sort(key=lambda s: (s[0].count("/") if s[0] != "/" else 0, s[1] == "link", s[0]))
+        for path, kind, fd in steps:
+            above = self.nearest(path)
+            host = above in ("bind", "job")  # `path` lies in a tree of the host's
+            at = root + path
+            if kind == "link":
+                if not host and not os.path.lexists(at):
+                    os.makedirs(os.path.dirname(at), exist_ok=True)
+                    os.symlink(self.links[path], at)
+                continue
+            if kind == "bind" and host and path not in HOST:
+                continue  # visible already, as it is on the host
+            if kind == "cover" and not host:
+                continue  # nothing to hide: it is not in the view
+            if host:
+                if not os.path.lexists(at):
+                    continue
+            elif fd is not None and not stat.S_ISDIR(os.fstat(fd).st_mode):
+                os.makedirs(os.path.dirname(at), exist_ok=True)
+                if not os.path.lexists(at):
+                    os.close(os.open(at, os.O_CREAT | os.O_WRONLY | os.O_CLOEXEC, 0o644))
+            else:
+                os.makedirs(at, exist_ok=True)
+            if kind in ("bind", "job"):
+                mount(f"/proc/self/fd/{fd}", at, None, MS_BIND | MS_REC)
+                if path == "/dev":
+                    mask_block_devices(at, null_fd)
+            elif kind == "tmpfs":
+                mount("tmpfs", at, "tmpfs", MS_NOSUID | MS_NODEV, SCRATCH[path])
+            elif os.path.isdir(at):  # a hidden tree
+                mount("tmpfs", at, "tmpfs", MS_NOSUID | MS_NODEV, "size=64k,mode=755")
+            else:  # a hidden file
+                mount(f"/proc/self/fd/{null_fd}", at, None, MS_BIND)
+
+    def close(self) -> None:
+        for _kind, fd in self.entries.values():
+            if fd is not None:
+                os.close(fd)
 
 
-def build(plan: dict) -> None:
-    job = plan["job"]
+def mask_block_devices(dev: str, null_fd: int) -> None:
+    """Cover every block device node under `dev` with /dev/null: a disk read raw would show
+    every file of its filesystems, the hidden ones included."""
+    for folder, dirs, files in os.walk(dev):
+        dirs[:] = [d for d in dirs if not os.path.ismount(os.path.join(folder, d))]
+        for name in files:
+            path = os.path.join(folder, name)
+            try:
+                st = os.lstat(path)
+            except OSError:
+                continue
+            if stat.S_ISBLK(st.st_mode):
+                mount(f"/proc/self/fd/{null_fd}", path, None, MS_BIND)
+
+
+def pivot(root: str) -> None:
+    """Make `root` the root of this mount namespace and detach the host's (chroot where
+    pivot_root is refused: the host's mounts are then out of reach, not gone)."""
+    os.chdir(root)
+    number = SYS_PIVOT_ROOT.get(os.uname().machine)
+    if number is not None and libc.syscall(number, b".", b".") == 0:
+        if libc.umount2(b".", MNT_DETACH) != 0:
+            raise SetupError(f"detaching the host's root: {os.strerror(ctypes.get_errno())}")
+    else:
+        os.chroot(".")
+    os.chdir("/")
+
+
+def build(plan: dict) -> str:
+    """Build the job's view; returns the job's folder (its path with no link in it)."""
     mount(None, "/", None, MS_REC | MS_PRIVATE)
-    keep = [p for p in plan["keep"] if os.path.isdir(p)] + [job]
-    fds = {p: os.open(p, os.O_PATH | os.O_DIRECTORY) for p in keep}
-    hidden = sorted({p for p in plan["hide"] if os.path.isdir(p)}, key=len)
-    scratch = [t for t in ("/tmp", "/var/tmp", "/dev/shm") if os.path.isdir(t)]
-    # the job's own /tmp and /dev/shm first (a job folder may lie in the host's), then hide
-    # the outermost trees, bring back what is kept, then hide what lies inside kept trees
-    # (a package installed inside the kept Python environment)
-    for tmp in scratch:
-        mount("tmpfs", tmp, "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777")
-    outer = [h for h in hidden if not any(inside(h, k) and h != k for k in keep)]
-    for h in outer:
-        if not any(inside(h, o) and h != o for o in outer) and os.path.isdir(h):
-            cover(h)  # (one under the job's fresh /tmp is gone already)
-    for k in sorted(keep, key=len):
-        if any(inside(k, h) for h in outer + scratch):
-            bind_back(fds[k], k)
-    for h in hidden:
-        if h not in outer and os.path.isdir(h):
-            cover(h)
-    for fd in fds.values():
-        os.close(fd)
-    writable = {"/tmp", "/var/tmp", "/dev/shm", job, "/proc"}
-    # every mount read-only, but the writable ones; a remount keeps the flags the kernel locked
+    view = View()
+    for path in plan["keep"]:
+        view.add(path, "bind")
+    for path in HOST:
+        if view.add(path, "bind") is None:
+            raise SetupError(f"{path} is missing")
+    for path in SCRATCH:
+        view.fresh(path)
+    for path in plan["hide"]:
+        view.add(path, "cover")
+    if os.path.islink("/var/run"):
+        view.links["/var/run"] = os.readlink("/var/run")
+    job = view.add(plan["job"], "job")
+    if job is None:
+        raise SetupError(f"the job's folder {plan['job']} is missing")
+    null_fd = os.open("/dev/null", os.O_PATH | os.O_CLOEXEC)
+    # the host's paths are all known by now: the new root may cover any of them (/tmp)
+    stage = "/tmp" if os.path.isdir("/tmp") else "/mnt"
+    mount("tmpfs", stage, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,mode=755")
+    view.build(stage, null_fd)
+    view.close()
+    os.close(null_fd)
+    pivot(stage)
+    writable = {*SCRATCH, job, "/proc"}
+    # every mount read-only but the writable ones; a remount keeps the flags the kernel locked
     for point, flags in mount_points():
         if point in writable or inside(point, "/proc") and point != "/proc/sys":
             continue
-        if not os.path.exists(point):
+        if not os.path.lexists(point):
             continue
         try:
             mount(None, point, None, MS_REMOUNT | MS_BIND | MS_RDONLY | flags)
         except SetupError:
-            if point in ("/", "/dev") or any(inside(point, h) for h in hidden):
+            if not any(inside(point, p) and point != p for p in PSEUDO):
                 raise
-            # a mount we cannot remount (e.g. one the container runtime locked) stays as it
-            # is only when it lies outside anything the job must not write
     ro = os.path.join(job, "ro")
     mount(ro, ro, None, MS_BIND)
     mount(None, ro, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
@@ -134,6 +299,7 @@ def build(plan: dict) -> None:
         mount("/proc/sys", "/proc/sys", None, MS_BIND)
         mount(None, "/proc/sys", None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV
               | MS_NOEXEC)
+    return job
 
 
 def drop_privileges() -> None:
@@ -151,7 +317,7 @@ def drop_privileges() -> None:
 def main() -> int:
     plan = json.loads(sys.argv[1])
     try:
-        build(plan)
+        job = build(plan)
     except (SetupError, OSError) as exc:
         # 125: the sandbox could not be built (the controller reads this as infra_error)
         sys.stderr.write(f"[commbench sandbox] set-up failed: {exc}\n")
@@ -160,7 +326,7 @@ def main() -> int:
     if pid == 0:
         try:
             drop_privileges()
-            os.chdir(plan["job"])
+            os.chdir(job)
             os.execvpe(plan["argv"][0], plan["argv"], plan["env"])
         except BaseException as exc:  # noqa: BLE001 - report and leave
             sys.stderr.write(f"[commbench sandbox] could not start the launcher: {exc}\n")

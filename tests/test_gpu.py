@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -130,3 +131,61 @@ def test_a_gpu_cheat_is_rejected(bench, cheat):
                 if s.get("speedup") is not None]
     print(f"{cheat}: {record['verdict']} {record.get('speedup')} {per_size} "
           f"{record['message'][:200]}")
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
+def test_a_gpu_job_never_outlives_the_pytest_that_started_it(bench, processes_with, sig):
+    """pytest ended mid-item while the ranks spin in a deadlocked kernel: the job's ranks, its
+    MPS daemon (shared placement) and its GPU memory are gone within seconds."""
+    bench.add_task("p2p/flag_pingpong", ranks=2)
+    ref = bench.root / "references" / "p2p" / "flag_pingpong" / "solution.cu"
+    text = ref.read_text()
+    wait = "wait_epoch(flags + b, epoch)"
+    dead = bench.root / "deadlock" / "p2p" / "flag_pingpong"
+    dead.mkdir(parents=True)
+    (dead / "solution.cu").write_text(text.replace(wait, "wait_epoch(flags + b, epoch + 1)"))
+    assert compute_pids() == [], "the GPUs are busy before the test"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pytest", "suites", "-p", "no:cacheprovider", "--platform=auto",
+         f"--commbench-model=dir:{bench.root / 'deadlock'}", "--commbench-timeout=120"],
+        cwd=bench.root, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    marker = str(bench.root).encode()
+
+    def ranks() -> list[int]:
+        return [p for p in processes_with(b"commbench_rank") if marker in _cmdline(p)]
+
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline and not compute_pids():
+        time.sleep(0.2)
+    assert compute_pids(), "the ranks never reached the GPU"
+    time.sleep(3.0)  # into the deadlock
+    sent = time.monotonic()
+    proc.send_signal(sig)
+    proc.wait(timeout=60)
+    while time.monotonic() < sent + 30 and (ranks() or compute_pids() or _mps()):
+        time.sleep(0.2)
+    gone = time.monotonic() - sent
+    assert ranks() == [] and compute_pids() == [] and _mps() == [], (
+        f"{ranks()} {compute_pids()} {_mps()} {gone:.1f} s after {sig.name}")
+    print(f"{sig.name}: ranks, GPU contexts and MPS daemon gone {gone:.2f} s after the signal")
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read()
+    except OSError:
+        return b""
+
+
+def _mps() -> list[int]:
+    """Live MPS control or server processes."""
+    found = []
+    for entry in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{entry}/comm", "rb") as f:
+                if f.read().startswith(b"nvidia-cuda-mps"):
+                    found.append(int(entry))
+        except (OSError, ValueError):
+            continue
+    return found

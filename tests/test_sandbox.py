@@ -3,17 +3,19 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 from pathlib import Path
 
 import pytest
 
-from pytest_commbench import sandbox
-from pytest_commbench.launch import run_job
+from pytest_commbench import sandbox, sandbox_init
+from pytest_commbench.launch import find_mpiexec, mpi_env, run_job
 
 pytestmark = pytest.mark.skipif(sandbox.probe() is not None,
                                 reason=f"no job sandbox here: {sandbox.probe()}")
@@ -25,13 +27,20 @@ def _job(tmp_path: Path) -> Path:
     return job
 
 
-def _run(tmp_path: Path, code: str, hide: list[Path], deadline: float = 60):
-    job = _job(tmp_path)
+def _run(tmp_path: Path, code: str, hide: list[Path], deadline: float = 60,
+         keep: list[Path] | None = None, job: Path | None = None):
+    job = job or _job(tmp_path)
+    (job / "ro").mkdir(parents=True, exist_ok=True)
     script = job / "ro" / "probe.py"
     script.write_text(textwrap.dedent(code))
     argv = sandbox.wrap(job, [sys.executable, "-I", str(script)],
-                        {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}, hide=hide)
+                        {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}, hide=hide, keep=keep)
     return job, run_job(argv, job, deadline)
+
+
+def _said(out: str, key: str):
+    """A value the probe printed as `KEY repr(value)`."""
+    return eval(out.split(f"{key} ", 1)[1].splitlines()[0])  # noqa: S307 - our probe's output
 
 
 def test_hidden_trees_are_empty_and_the_filesystem_is_read_only(tmp_path):
@@ -130,3 +139,158 @@ def test_the_job_dies_with_its_controller(tmp_path):
         time.sleep(0.1)
     left = subprocess.run(["pgrep", "-af", marker], capture_output=True, text=True).stdout
     assert not left.strip(), f"the job outlived its controller: {left}"
+
+
+@pytest.fixture
+def home_secret():
+    """A file in $HOME, outside every tree a job may see (removed afterwards)."""
+    home = Path.home()
+    try:
+        folder = Path(tempfile.mkdtemp(prefix=".commbench-sandbox-test-", dir=home))
+    except OSError:
+        pytest.skip(f"$HOME ({home}) is not writable")
+    (folder / "secret").write_text("SECRET")
+    yield folder / "secret"
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def test_a_job_sees_only_the_allow_list(tmp_path, home_secret):
+    outside = tmp_path / "outside"  # outside the job and outside keep
+    outside.mkdir()
+    (outside / "secret").write_text("SECRET")
+    kept = tmp_path / "kept"
+    (kept / "hidden").mkdir(parents=True)
+    (kept / "data.txt").write_text("KEPT")
+    (kept / "hidden" / "answer").write_text("ANSWER")
+    (tmp_path / "kept-link").symlink_to("kept")
+    job = _job(tmp_path)
+    keep = [*sandbox.system_keep(), tmp_path / "kept-link"]
+    mark = f"commbench-{os.getpid()}-{time.time_ns()}"
+    job, result = _run(tmp_path, f"""
+        import errno, os, stat
+        print("ROOT", sorted(os.listdir("/")))
+        print("CWD", repr(os.getcwd()))
+        seen = {{p: os.path.exists(p) for p in [{str(outside / 'secret')!r},
+                                                {str(home_secret)!r}, "/srv", "/mnt", "/boot",
+                                                "/home", "/var/lib", "/var/cache"]}}
+        print("SEEN", seen)
+        print("HOME", sorted(os.listdir({str(home_secret.parent.parent)!r})))
+        print("VAR", sorted(os.listdir("/var")))
+        print("RUN", os.listdir("/run"))
+        print("LINK", os.path.islink({str(tmp_path / 'kept-link')!r}),
+              open({str(tmp_path / 'kept-link' / 'data.txt')!r}).read(),
+              os.listdir({str(kept / 'hidden')!r}))
+        for target in [{str(kept / 'data.txt')!r}, {str(kept / 'new')!r}, "/usr/commbench-x",
+                       "/etc/commbench-x", "/commbench-x", "/dev/commbench-x",
+                       {str(sys.prefix) + '/commbench-x'!r}, {str(job / 'ro' / 'x')!r}]:
+            try:
+                open(target, "a").write("tampered")
+                print("WROTE", target)
+            except OSError as exc:
+                print("REFUSED", target, errno.errorcode[exc.errno])
+        for target in [{str(job / 'mine.txt')!r}, "/tmp/{mark}", "/var/tmp/{mark}",
+                       "/dev/shm/{mark}", "/run/{mark}"]:
+            open(target, "w").write("ok")
+        blocks = [os.path.join(d, f) for d, _, fs in os.walk("/dev") for f in fs
+                  if stat.S_ISBLK(os.lstat(os.path.join(d, f)).st_mode)]
+        print("BLOCKS", blocks)
+        """, hide=[kept / "hidden"], keep=keep, job=job)
+    out = result.output
+    assert result.returncode == 0, out
+    allowed = {"usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32", "etc", "dev", "sys",
+               "proc", "tmp", "var", "run"}
+    allowed |= {Path(p).parts[1] for p in [*sandbox.python_roots(), *keep, str(job)]}
+    assert set(_said(out, "ROOT")) <= allowed, out
+    assert _said(out, "CWD") == str(job.resolve())
+    assert not any(_said(out, "SEEN").values()), out
+    # $HOME shows at most the trees a kept path goes through (e.g. a pyenv interpreter)
+    on_the_way = {Path(p).relative_to(home_secret.parent.parent).parts[0]
+                  for p in [*sandbox.python_roots(), *keep]
+                  if Path(p).is_relative_to(home_secret.parent.parent)}
+    assert set(_said(out, "HOME")) <= on_the_way, out
+    assert set(_said(out, "VAR")) <= {"tmp", "run"}, out
+    assert _said(out, "RUN") == [], out
+    assert "LINK True KEPT []" in out, out  # a kept link is a link, hide subtracts inside it
+    assert "WROTE" not in out, out
+    assert out.count("REFUSED") == 8, out
+    assert (kept / "data.txt").read_text() == "KEPT" and not (kept / "new").exists()
+    assert (job / "mine.txt").read_text() == "ok"
+    for scratch in ("/tmp", "/var/tmp", "/dev/shm", "/run"):
+        assert not (Path(scratch) / mark).exists(), scratch  # the job's own, gone with it
+    assert _said(out, "BLOCKS") == [], out  # no disk to read raw
+
+
+def test_the_venvs_python_and_mpiexec_run_inside(tmp_path):
+    """A 2-rank MPI job of the environment's mpiexec and Python, with the project hidden."""
+    mpiexec = find_mpiexec()
+    if mpiexec is None:
+        pytest.skip("no mpiexec")
+    job = _job(tmp_path)
+    code = ("import sys; from mpi4py import MPI; import numpy as np; c = MPI.COMM_WORLD; "
+            "y = np.empty(4); c.Allreduce(np.full(4, c.rank + 1.0), y); "
+            "print('RANK', c.rank, c.size, y.sum(), sys.prefix, flush=True)")
+    argv = [mpiexec, "-n", "2", "--oversubscribe", sys.executable, "-c", code]
+    env = {**mpi_env(), "TMPDIR": "/tmp"}
+    project = Path(sandbox.__file__).resolve().parent.parent
+    result = run_job(sandbox.wrap(job, argv, env, hide=[project]), job, 120, env=env)
+    assert result.returncode == 0, result.output
+    for rank in (0, 1):
+        assert f"RANK {rank} 2 12.0 {sys.prefix}" in result.output, result.output
+
+
+def test_a_non_ascii_project_stays_read_only(tmp_path):
+    """mountinfo writes a space as \\040 and UTF-8 as it is: every mount but the job's own
+    and its scratch is read-only, wherever the project lies."""
+    project = tmp_path / "projé-测试 x"
+    env_tree = project / ".venv"
+    env_tree.mkdir(parents=True)
+    (env_tree / "lib.txt").write_text("LIB")
+    job = project / "runs" / "run1" / "work" / "item" / "sol0"
+    job, result = _run(tmp_path, f"""
+        import errno, os, re
+        def unescape(b):
+            return re.sub(rb"\\\\([0-7]{{3}})", lambda m: bytes([int(m.group(1), 8)]), b).decode()
+        rw = []
+        for line in open("/proc/self/mountinfo", "rb"):
+            f = line.split(b" ")
+            if b"ro" not in f[5].split(b","):
+                rw.append(unescape(f[4]))
+        print("RW", sorted(set(rw)))
+        print("READ", open({str(env_tree / 'lib.txt')!r}).read())
+        for target in [{str(env_tree / 'lib.txt')!r}, {str(job / 'ro' / 'x')!r}]:
+            try:
+                open(target, "a").write("tampered")
+                print("WROTE", target)
+            except OSError as exc:
+                print("REFUSED", target, errno.errorcode[exc.errno])
+        open({str(job / 'mine.txt')!r}, "w").write("ok")
+        """, hide=[project], keep=[env_tree], job=job)
+    out = result.output
+    assert result.returncode == 0, out
+    job_real = str(job.resolve())
+    # below the job's scratch a /dev/shm of the host's lies covered; /proc stays writable
+    for point in _said(out, "RW"):
+        assert point in {job_real, "/tmp", "/var/tmp", "/dev/shm", "/run"} or \
+            point == "/proc" or point.startswith("/proc/") or point.startswith("/dev/"), out
+    assert job_real in _said(out, "RW"), out
+    assert "READ LIB" in out and "WROTE" not in out and \
+        sum(line.startswith("REFUSED") and line.endswith("EROFS") for line in out.splitlines()) == 2, out
+    assert (env_tree / "lib.txt").read_text() == "LIB"
+    assert (job / "mine.txt").read_text() == "ok"
+
+
+def test_mountinfo_paths_are_decoded_as_bytes():
+    assert sandbox_init.unescape(rb"/a\040b\011c\012d\134e") == "/a b\tc\nd\\e"
+    assert sandbox_init.unescape("/projé-测试\\040x".encode()) == "/projé-测试 x"
+    assert sandbox_init.unescape("/projé-测试".encode()) == "/projé-测试"
+
+
+def test_pid_1_exits_with_the_launchers_status_or_125(tmp_path):
+    job, result = _run(tmp_path, "import sys; sys.exit(7)", hide=[])
+    assert result.returncode == 7, result.output
+    missing = tmp_path / "gone"
+    argv = sandbox.wrap(missing, [sys.executable, "-c", "pass"], {"PATH": "/usr/bin:/bin"},
+                        hide=[])
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+    assert done.returncode == sandbox.SETUP_FAILED, done.stderr
+    assert "set-up failed" in done.stderr
