@@ -7,8 +7,11 @@ by call: writes fresh inputs drawn from the item's secret generator, poisons the
 opens every rank's gate (a late rank's later, to check handshakes), takes the time on its
 own clock when each rank says it is done, spot-checks that rank's outputs at positions drawn
 at that moment (host backend: an early "done" is a wrong answer), and checks every output of
-every call against the oracle before the next call. Nothing the ranks write about
-themselves (times, phases, errors) decides anything; their status files are only quoted.
+every call against the oracle before the next call. In a trial that holds a rank back, each
+rank's outputs are taken at its own completion (staged backends: fetched the moment it says
+it is done), so a rank may not leave its outputs for a peer to complete later. Nothing the
+ranks write about themselves (times, phases, errors) decides anything; their status files
+are only quoted.
 
 What decides who is to blame when a job ends early: whether any rank said it was loading
 the solution (on its socket, before the solution's code ran). Before that, a failure is the
@@ -410,16 +413,26 @@ class Observer:
         self._spin(look)
         return seen
 
-    def call(self, case: Case, trial: Trial | list[Trial], check: bool) -> Timing:
+    def call(self, case: Case, trial: Trial | list[Trial], check: bool,
+             own_completion: bool = False) -> Timing:
         """One call on every rank, or a batch of calls back to back (a list of trials, one
         buffer set each, no delays); returns the time of one call (last done - last gate,
         over the batch's size) and the untimed phases around it (staged backends: a rank's
-        upload and its fetch), likewise per call."""
+        upload and its fetch), likewise per call.
+
+        `own_completion` (a case's trials): where the call holds a rank back (delays), each
+        rank's outputs are taken at its own completion, not once every rank is done: on a
+        staged backend the rank is told to fetch them the moment its "done" is seen, and
+        the observer copies them out of its segment the moment it says they are saved; on
+        the host backend the observer copies them the moment its "done" is seen. Those
+        copies are what is checked: a rank whose outputs a peer completes later (after the
+        held rank's release) is wrong, whatever they hold once every rank is done."""
         op = self.op
         trials = trial if isinstance(trial, list) else [trial]
         trial, batch = trials[0], len(trials)
         if batch > 1 and any(d for t in trials for d in t.delays):
             raise ValueError("a batch of calls has no late ranks")
+        own = own_completion and batch == 1 and any(trial.delays)
         wants: list = [None] * batch
         slacks: list = [None] * batch
         if check and op.samples_outputs:
@@ -462,14 +475,39 @@ class Observer:
         done = [0.0] * self.world
         early: list[str] = []
         left = set(range(self.world))
+        # own completion: when each rank was told to fetch, when it said it had saved, and
+        # its outputs as they were then (the host backend: when it said it was done)
+        fetched = [0.0] * self.world
+        saved = [0.0] * self.world
+        taken: list[dict[str, np.ndarray] | None] = [None] * self.world
+
+        def take(i: int) -> None:
+            r = ranks[i]
+            taken[i] = {n: np.array(a) for n, a in views(r.data, r.placed).items()
+                        if n in trial.outputs[i]}
 
         def collect() -> bool:
-            # only timestamps here: a rank's "done" is taken the moment it is seen, never
-            # after another rank's checks
+            # a rank's "done" is taken the moment it is seen, never after another rank's
+            # checks: first every timestamp, then what the dones set off
+            seen = []
             for i in list(left):
                 if gate[i] and ranks[i].ctl.get("done") >= k:
                     done[i] = time.perf_counter()
                     left.discard(i)
+                    seen.append(i)
+            if own:
+                for i in seen:
+                    if self.staged:  # its outputs now, not once the held rank is done too
+                        fetched[i] = time.perf_counter()
+                        ranks[i].set("fetch", k)
+                    elif check:
+                        take(i)
+                if self.staged:
+                    for i in range(self.world):
+                        if fetched[i] and not saved[i] and ranks[i].ctl.get("saved") >= k:
+                            saved[i] = time.perf_counter()
+                            if check:
+                                take(i)
             return not left
 
         start = time.perf_counter()
@@ -485,17 +523,23 @@ class Observer:
             if i in late:
                 ranks[i].set("prep", k)
             ranks[i].set("gate", k)
-        self._spin(collect)
-        if not self.staged:
+        if own and self.staged:
+            self._spin(lambda: collect() and all(saved))
+            after = max(b - a for a, b in zip(fetched, saved))
+        else:
+            self._spin(collect)
+        if not self.staged and not own:
             # the moment the last rank said it was done, every rank's outputs at positions
             # drawn now: the call's time ends here, so whatever a rank that said "done" early
-            # had not finished by now is outside it, and wrong
+            # had not finished by now is outside it, and wrong (own completion: each rank's
+            # whole outputs were taken when it said it was done)
             for i in range(self.world):
                 for j, (want, slack) in enumerate(zip(wants, slacks)):
                     if want is not None:
                         early.extend(self._spot_check(i, want[i], slack[i] if slack else {},
                                                       j, batch))
-        if self.staged:  # every rank is done: peers no longer write into anyone's outputs
+        if self.staged and not own:  # every rank is done: peers no longer write into
+            # anyone's outputs
             fetch = time.perf_counter()
             for r in ranks:
                 r.set("fetch", k)
@@ -504,9 +548,12 @@ class Observer:
             errors = list(early)
             events = [{"t_enter": gate[i], "t_exit": done[i]} for i in range(self.world)]
             for j, (t, want, slack) in enumerate(zip(trials, wants, slacks)):
-                sets = [batch_sets(views(r.data, r.placed), batch)[j] for r in ranks]
-                got = [{n: np.array(a) for n, a in sets[r.number].items()
-                        if n in t.outputs[r.number]} for r in ranks]
+                if own:
+                    got = list(taken)
+                else:
+                    sets = [batch_sets(views(r.data, r.placed), batch)[j] for r in ranks]
+                    got = [{n: np.array(a) for n, a in sets[r.number].items()
+                            if n in t.outputs[r.number]} for r in ranks]
                 try:
                     if want is not None:
                         found = op.verify(t, got, events, case, self.s.rtol, self.s.atol,
@@ -518,6 +565,11 @@ class Observer:
                              f"{str(exc)[:200]})"]
                 errors += [f"call {j + 1} of {batch} back to back: {m}" if batch > 1 else m
                            for m in found]
+            if errors and own and any(trial.outputs):
+                held = ", ".join(str(i) for i in range(self.world) if trial.delays[i] > 0)
+                errors = [f"{m} (rank {held} held back {1e3 * max(trial.delays):g} ms; every "
+                          "rank's outputs as they were when its own call completed)"
+                          for m in errors]
             if errors:
                 raise WrongAnswer(errors)
         return Timing((max(done) - max(gate)) / batch, before / batch, after / batch)
@@ -561,7 +613,7 @@ class Observer:
         try:
             for t, trial in enumerate(case.trials if self.trials or not self.timed else []):
                 where = f"trial {t}"
-                self.call(case, trial, check=True)
+                self.call(case, trial, check=True, own_completion=True)
             if self.timed and self.s.reps > 0:
                 where = "warm-up"
                 last = self.op.timed_trial(self.rng, case)

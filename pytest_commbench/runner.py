@@ -233,7 +233,7 @@ def _run(task, world, candidate, platform, settings, record) -> None:
             cases.append(op.make_case(rng, cid, count, dtype, world, task.check.params,
                                       task.check.trials, 0))
             if task.check.late_rank:
-                make_late(cases[-1], rng)
+                make_late(cases[-1], rng, len(cases) - 1)
     if settings.sandbox and sandbox.probe():
         raise InfraError(f"no job sandbox on this machine ({sandbox.probe()}); "
                          "--commbench-unsandboxed runs without one")

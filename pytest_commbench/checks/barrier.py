@@ -35,7 +35,7 @@ class Barrier(Op):
             delays[late] = DELAY_S
             made.append(Trial([{} for _ in range(world)], [{} for _ in range(world)],
                               [{} for _ in range(world)], delays))
-        return Case(case_id, count, dtype, world, dict(params), [], made)
+        return Case(case_id, count, dtype, world, dict(params), [], made, op=self)
 
     def timed_trial(self, rng, case):
         """One rank, chosen afresh, enters late by a delay drawn afresh, so every timed call is

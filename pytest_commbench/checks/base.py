@@ -7,6 +7,7 @@ the controller only: the ranks never see the oracle, the seed or the expected va
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,9 +39,11 @@ class Case:
     params: dict[str, Any]
     args: list[str]
     trials: list[Trial]
+    # the oracle that made the case: `make_late` draws the case's extra late trials from it
+    op: Any = field(default=None, repr=False, compare=False)
 
 
-LATE_S = 2e-3  # how late the late rank of a case's last trial is
+LATE_S = 2e-3  # how late the held rank of a late trial is (`make_late`)
 CHUNK = 1 << 20  # elements compared at a time: cache-sized pieces, no array-sized temporaries
 
 
@@ -158,7 +161,7 @@ class Op:
                 t.extra = [{} for _ in range(world)]
             if not t.delays:
                 t.delays = [0.0] * world
-        return Case(case_id, count, dtype, world, dict(params), self.args(params), made)
+        return Case(case_id, count, dtype, world, dict(params), self.args(params), made, op=self)
 
     def timed_trial(self, rng: np.random.Generator, case: Case) -> Trial:
         """The inputs of one timed repetition: drawn afresh like a trial's (never a shift or
@@ -195,13 +198,49 @@ FULL_BITS = {
 }
 
 
-def make_late(case: Case, rng: np.random.Generator) -> None:
-    """The last of several trials (where the op set no delays itself) opens one rank's gate
-    LATE_S after the others', and that rank's inputs are written (on a GPU also uploaded, its
-    outputs poisoned) only then: a solution that reads a peer's inputs or writes into its
-    outputs before the peer's call began is wrong there, as it would be in a real program."""
-    if case.world > 1 and len(case.trials) > 1 and not any(case.trials[-1].delays):
-        case.trials[-1].delays[int(rng.integers(case.world))] = LATE_S
+def held_ranks(index: int, world: int) -> list[int]:
+    """The ranks held back (one late trial each, in this order) in case `index` of an item,
+    its cases numbered from 0 in the order the item makes them (the manifest's sizes, each
+    with its dtypes: case 0 is the first size, the smallest in every task of the suite).
+    Case 0 holds every rank in turn and case i > 0 holds rank i mod world: whatever the
+    number of cases, every rank is held at least once per item, so a solution that leaves
+    one rank's work to another is caught whichever rank it leans on, not by luck; the extra
+    late trials are all on the smallest size (cheap), and each larger size, whose trials
+    cost the most, keeps its single late trial, on a held rank that rotates over the sizes."""
+    if world < 2:
+        return []
+    return list(range(world)) if index == 0 else [index % world]
+
+
+def case_index(case: Case) -> int:
+    """The case's place among its item's cases, from its id ("c<n>", as the runner names
+    them); 0 for an id of another form (every rank is then held: `held_ranks`)."""
+    m = re.fullmatch(r"c(\d+)", case.id)
+    return int(m.group(1)) if m else 0
+
+
+def make_late(case: Case, rng: np.random.Generator, index: int | None = None) -> None:
+    """Late trials (where the op set no delays itself and the case has several trials): the
+    last trial, and on the item's first case one more trial for every other rank, each on
+    inputs drawn afresh, open one rank's gate LATE_S after the others' (`held_ranks` says
+    which), and that rank's inputs are written (on a GPU also uploaded, its outputs poisoned)
+    only then: a solution that reads a peer's inputs or writes into its outputs before the
+    peer's call began is wrong there, as it would be in a real program. `index`: the case's
+    position in the item (default: read from its id, `c<n>`). There each rank's
+    outputs are also taken at its own completion (staged backends: fetched the moment it says
+    it is done; the host backend: copied then), not once the held rank is done too: a rank
+    whose outputs a peer completes later, after the held rank's release, is wrong there."""
+    if case.world < 2 or len(case.trials) < 2 or any(any(t.delays) for t in case.trials):
+        return
+    held = held_ranks(case_index(case) if index is None else index, case.world)
+    if len(held) > 1 and case.op is None:  # nothing to draw fresh inputs from: the last only
+        held = held[:1]
+    case.trials[-1].delays[held[0]] = LATE_S
+    for rank in held[1:]:
+        trial = case.op.timed_trial(rng, case)  # inputs drawn afresh, never a repeat
+        trial.delays = [0.0] * case.world
+        trial.delays[rank] = LATE_S
+        case.trials.append(trial)
 
 
 def full_random(rng: np.random.Generator, shape, dtype: str) -> np.ndarray:

@@ -37,7 +37,7 @@ class Bcast(Op):
         while len(roots) < trials:
             roots.append(int(rng.integers(world)))
         made = [self._trial(rng, count, dtype, world, root) for root in roots]
-        return Case(case_id, count, dtype, world, dict(params), self.args(params), made)
+        return Case(case_id, count, dtype, world, dict(params), self.args(params), made, op=self)
 
     def expected(self, trial, count, dtype, world, params):
         root = trial.extra[0]["root"]

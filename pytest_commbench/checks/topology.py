@@ -99,7 +99,7 @@ class HostTopology(Op):
             made.append(Trial([{} for _ in range(world)],
                               [{"topo": ((len(FIELDS),), "int64")} for _ in range(world)],
                               extra, [0.0] * world))
-        return Case(case_id, count, dtype, world, dict(params), self.args(params), made)
+        return Case(case_id, count, dtype, world, dict(params), self.args(params), made, op=self)
 
     def expected(self, trial, count, dtype, world, params):
         rows = topology([e["hostname"] for e in trial.extra])

@@ -18,9 +18,12 @@ A call k (numbered from 1 over the whole job):
   its clock starts;
 - the rank calls the solution, waits until its whole device is idle and sets DONE = k; the
   observer's clock stops for this rank;
-- staged backends, once the observer has seen every rank done and set FETCH = k (a peer may
-  write into this rank's outputs through CUDA IPC until then), copy the outputs back and
-  set SAVED = k.
+- staged backends: the rank waits for its own FETCH = k, copies its outputs back and sets
+  SAVED = k. The observer sets a rank's FETCH once it has seen every rank done, except in a
+  trial that holds a rank back (below), where it sets it the moment it sees that rank's DONE
+  (even before the held rank's gate opens) and checks what the rank copied then: a rank's
+  outputs must be complete when its own call is (its whole device idle); no peer may
+  complete them later.
 A batched call (timed repetitions of small sizes) is B calls back to back behind one gate,
 each on a buffer set of its own (fresh inputs each; outputs "<name>@j" in the segment,
 context values per set in the layout's "extras"): DONE is set once the last of them is done
@@ -37,7 +40,8 @@ before it saw END of its case leaves that call for the next case's loop.
 
 A late rank (a trial's delay): the observer writes its inputs and sets PREP and GATE together
 at its time; its upload is then part of its call, and its peers cannot find its inputs (or
-its poisoned outputs) in place before its call began.
+its poisoned outputs) in place before its call began. Meanwhile the ranks on time may be
+told to FETCH (above) and go on to wait for the next call's PREP.
 """
 
 from __future__ import annotations
