@@ -315,6 +315,7 @@ def native_forbid(patterns: tuple[str, ...]) -> tuple[str, ...]:
     look-ups too (the guard's entry point always)."""
     extra = LOOKUPS if patterns else ()
     # CUPTI is the run-time guard's own instrument: a solution that could reach it could
-    # switch the guard off (the guard also checks, after the calls, that it is still on)
+    # switch the guard off (the guard also checks, after the calls, that it is still on);
+    # the Python C API would reach the harness's own Python (its mpi4py, its modules)
     return tuple(dict.fromkeys((*patterns, *extra, *(f"MPI_{p}" for p in ALWAYS_FORBIDDEN_C),
-                                "commbench_guard_*", "cupti*", "libcupti*")))
+                                "commbench_guard_*", "cupti*", "libcupti*", "Py*", "_Py*")))

@@ -408,7 +408,10 @@ def _interposer(task: Task, settings: Settings) -> Path | None:
     libs = interposer.default_libraries(find_mpiexec(), nccl=bool(uses & {"nccl", "nccl-device"}),
                                         nvshmem="nvshmem" in uses)
     patterns = tuple(dict.fromkeys((*expand_forbid(task.forbid), *ALWAYS_FORBIDDEN_C)))
-    return interposer.build_interposer(patterns, libs, settings.cache / "guard")
+    # a compiled solution cannot call mpi4py (the Python C API is forbidden to it): MPI calls
+    # from mpi4py's extension are the harness's own (its host helpers, its own set-up)
+    trusted = interposer.mpi4py_folders() if task.language == "cuda" else ()
+    return interposer.build_interposer(patterns, libs, settings.cache / "guard", trusted)
 
 
 def _cupti_guard(task: Task, settings: Settings) -> Path | None:
