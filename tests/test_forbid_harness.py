@@ -76,3 +76,47 @@ def test_whole_mpi_forbidden_broke_mpi4py_without_its_abi_named(tmp_path):
     assert "libmpi.so.12" in broken.stdout + broken.stderr
     fixed = _run_harness(preload, mpi_env())
     assert fixed.returncode == 0, (fixed.stdout + fixed.stderr)[-3000:]
+
+
+ARMED = ("import ctypes, sys\n"
+         "import mpi4py\n"
+         "if sys.argv[1] == 'harness':\n"
+         "    mpi4py.rc.finalize = False\n"
+         "from mpi4py import MPI\n"
+         "w = MPI.COMM_WORLD\n"
+         "rank = w.Get_rank()\n"
+         "w.Barrier()\n"
+         "ctypes.CDLL(None).commbench_guard_arm()\n"
+         "w.Barrier()  # the harness's host helpers, through mpi4py, after arming\n"
+         "if sys.argv[1] == 'harness':\n"
+         "    MPI.Finalize()\n"
+         "print('armed and finalized', rank)\n")
+
+
+def test_a_native_tasks_harness_keeps_its_mpi_after_arming_and_finalizes_cleanly(tmp_path):
+    """With MPI_* forbidden (flag_pingpong, ipc_barrier) and the guard armed, the harness's own
+    MPI calls come from mpi4py (trusted for native tasks) and it finalizes through mpi4py; an
+    MPI_Finalize left to the interpreter's exit handlers comes from no library and was judged
+    the solution's forbidden call."""
+    libs = interposer.default_libraries(find_mpiexec())
+    if not libs:
+        pytest.skip("no libmpi found for the run-time guard")
+    lib = interposer.build_interposer(("MPI_*", "libmpi*"), libs, tmp_path,
+                                      interposer.mpi4py_folders())
+    if lib is None:
+        pytest.skip("the run-time guard cannot be built here")
+    env = {**mpi_env(), "LD_PRELOAD": str(lib),
+           "COMMBENCH_GUARD_REPORT": str(tmp_path / "guard_r%r.json")}
+
+    def run(mode: str) -> subprocess.CompletedProcess:
+        return subprocess.run([find_mpiexec(), "-n", "2", "--oversubscribe", sys.executable,
+                               "-c", ARMED, mode], capture_output=True, text=True, timeout=180,
+                              env=env)
+
+    done = run("harness")
+    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+    assert done.stdout.count("armed and finalized") == 2
+    left = run("exit-handlers")
+    if left.returncode == 0:
+        pytest.skip("this mpi4py finalizes from its own code at exit")
+    assert "MPI_Finalize" in left.stdout + left.stderr

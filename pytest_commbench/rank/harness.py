@@ -124,6 +124,12 @@ def world_rank() -> int:
 
 
 def main(argv: list[str]) -> int:
+    # the harness ends MPI itself, from mpi4py's code (see `finalize`), not from the
+    # interpreter's exit handlers, whose calls the run-time guard cannot tell from the
+    # solution's once it is armed
+    import mpi4py
+
+    mpi4py.rc.finalize = False
     job = json.loads(Path(argv[0]).read_text())
     rank = world_rank()
     status = Status(Path(job["out"]) / f"status_r{rank}.json")
@@ -134,6 +140,7 @@ def main(argv: list[str]) -> int:
         return 4
     try:
         run(job, rank, status, link)
+        finalize()
     except BaseException as exc:  # reported for a human to read; the verdict is the observer's
         text = DESCRIBE[0](exc)
         status.update(error=text.strip().splitlines()[-1][:2000] if text.strip() else
@@ -146,6 +153,14 @@ def main(argv: list[str]) -> int:
 
 
 ABORT = [lambda code: os._exit(code)]
+
+
+def finalize() -> None:
+    """MPI_Finalize, called through mpi4py (a solution may have finalized already)."""
+    from mpi4py import MPI
+
+    if MPI.Is_initialized() and not MPI.Is_finalized():
+        MPI.Finalize()
 
 
 def warm_up_cupy(scratch: Path) -> None:
