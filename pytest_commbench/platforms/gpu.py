@@ -347,7 +347,7 @@ class GpuPlatform(Platform):
         })
         topo = nvlink_topology()
         m = re.search(r"GPU0\s+X\s+(\S+)", topo)
-        if m:
+        if m and len(gpus) > 1:  # (with one GPU the next column is its CPU affinity)
             info["gpu0_gpu1_link"] = m.group(1)
         try:
             import cupy
