@@ -36,6 +36,8 @@ import sys
 from fnmatch import fnmatchcase
 from pathlib import Path
 
+from . import jobfiles
+
 log = logging.getLogger(__name__)
 
 RECIPE_VERSION = "interpose-1"
@@ -271,14 +273,19 @@ def build_interposer(patterns: tuple[str, ...], libraries: list[Path], cache_dir
 
 # -- reading a report -------------------------------------------------------------------------------
 
+REPORT_BYTES = 64 * 1024  # of a guard report file read at most (a report is one short line)
+
+
 def guard_report(path: Path | str) -> dict | None:
     """The first report in a guard report file (the interposer's or the audit hook's), or None
-    where there is none (no file, empty, not a report)."""
-    try:
-        text = Path(path).read_text(errors="replace")
-    except OSError:
+    where there is none (no file, empty, not a report). The file is a job's: its folder is
+    taken as the caller's own, the name is read as `jobfiles` reads a job's files (never
+    through a link, never a FIFO or anything but a regular file, REPORT_BYTES at most)."""
+    path = Path(path)
+    data = jobfiles.read(path.parent, path.name, REPORT_BYTES)
+    if data is None:
         return None
-    for line in text.splitlines():
+    for line in data.decode(errors="replace").splitlines():
         try:
             report = json.loads(line)
         except ValueError:

@@ -151,7 +151,7 @@ class TaskItem(pytest.Item):
             warmup=state.warmup, timeout=state.timeout, keep=state.keep,
             exclusive=state.exclusive, sandbox=state.sandboxed, hide=state.hidden,
             refine_rounds=state.refine_rounds, budget_usd=state.budget_usd,
-            check_only=state.check_only,
+            check_only=state.check_only, gpu_batch=state.gpu_batch,
         )
         # agent mode runs the candidates of a model that can be asked; the rest as always
         agent = state.agent if self.candidate.asker is not None else None

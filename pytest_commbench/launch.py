@@ -2,6 +2,17 @@
 
 mpiexec puts every rank in a process group of its own, so killing mpiexec's group is not
 enough: on a deadline we signal every process of the session (TERM, a grace period, KILL).
+
+A job's output (the launcher's stdout and stderr, which carry the ranks') goes into a pipe
+that a thread of the controller drains as fast as it comes: the first `LOG_HEAD` bytes are
+written to the job's `output.log` as they arrive, the last `OUTPUT_CAP` bytes are kept in
+memory (and appended to the log when the job ends), and what lies between is counted and
+dropped. A job that prints gigabytes neither fills the disk nor waits for the controller,
+and its result carries the tail of its output, read from memory, never from a file the job
+could have replaced. The launcher forwards the ranks' output as it reads it
+(`output_options`): Open MPI 5's launcher otherwise assembles each line of a rank's output
+before writing it, copying the whole line again at every read, so one 25 MB write without a
+newline took it minutes and the job was killed as "did not end cleanly".
 """
 
 from __future__ import annotations
@@ -9,20 +20,27 @@ from __future__ import annotations
 import functools
 import os
 import re
+import select
 import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+
+from . import jobfiles
 
 GRACE_S = 3.0
 POLL_S = 0.2
 ABORT_GRACE_S = 5.0
 CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
 OUTPUT_CAP = 64 * 1024
+LOG_HEAD = 1 << 20  # bytes of a job's output written to its log as they come
+READ_CHUNK = 1 << 20
+DRAIN_S = 5.0  # after the job ended, how long its output may still take to come out
 
 
 @dataclass
@@ -31,6 +49,9 @@ class JobResult:
     timed_out: bool
     seconds: float
     output: str  # stdout and stderr of all ranks, the tail kept within OUTPUT_CAP
+    # the controller's own record: the job's first process was still running when `finish`
+    # signalled the job (a death by signal is then the controller's doing)
+    killed: bool = False
 
 
 def find_mpiexec() -> str | None:
@@ -132,20 +153,138 @@ def kill_session(sid: int, grace: float = GRACE_S) -> None:
             time.sleep(0.05)
 
 
-def tail(path: Path, cap: int = OUTPUT_CAP) -> str:
+def tail(source: Path | int, cap: int = OUTPUT_CAP) -> str:
+    """The last `cap` bytes of a job's output log as printable text, saying how much was cut.
+    `source` is the controller's own descriptor of the log (reopened read-only: the file it
+    wrote, whatever the job did to the name since) or the log's path, read as `jobfiles`
+    reads a job's files (its folder the controller's own, the name never followed, only a
+    regular file, a FIFO never waited on); "" where there is no such file."""
+    if isinstance(source, int):
+        fd = jobfiles.reopen(source)
+    else:
+        fd = jobfiles.open_file(Path(source).parent, Path(source).name)
+    if fd is None:
+        return ""
     try:
-        size = path.stat().st_size
-        with open(path, "rb") as f:
-            if size > cap:
-                f.seek(size - cap)
-            data = f.read()
+        data, size = jobfiles.read_fd(fd, cap, tail=True)
     except OSError:
         return ""
+    finally:
+        os.close(fd)
     # Open MPI writes NUL bytes when a rank aborts; keep the text printable for reports
     text = CONTROL.sub("", data.decode(errors="replace"))
     if size > cap:
         text = f"[... {size - cap} bytes cut ...]\n" + text
     return text
+
+
+@functools.lru_cache(maxsize=1)
+def output_options() -> tuple[str, ...]:
+    """The launcher options that make it forward the ranks' output as it reads it: Open MPI
+    5 (PRRTE) otherwise buffers a rank's output into whole lines, growing the line by a
+    copy at each 4 KB read (one 16 MB line took it a minute, 4 MB 4 s, 2 MB 1 s: quadratic),
+    which stalls a job whose solution prints a long line. Lines of different ranks may then
+    interleave mid-line in the output (it is only quoted for a human). None for other
+    launchers (Open MPI 4's and MPICH's have no such option)."""
+    version = mpi_version()
+    major = re.search(r"\((?:Open MPI|PRRTE|PRTE)\)\s+(\d+)", version)
+    if major and ("Open MPI" not in version or int(major.group(1)) >= 5):
+        return ("--output", ":raw")
+    return ()
+
+
+def drained(argv: list[str]) -> list[str]:
+    """`argv` with the launcher's output options (`output_options`) after the launcher
+    (the `find_mpiexec()` program wherever it stands: first, or after a wrapper); as it was
+    when no launcher is in it or it names its own `--output`."""
+    options = output_options()
+    exe = find_mpiexec()
+    if not options or exe is None or exe not in argv:
+        return list(argv)
+    at = argv.index(exe) + 1
+    if any(a == "--output" or a.startswith("--output=") for a in argv[at:]):
+        return list(argv)
+    return [*argv[:at], *options, *argv[at:]]
+
+
+class OutputDrain:
+    """Reads a job's output pipe until it ends: the first `head` bytes into `log` as they
+    come, the last `cap` bytes kept in memory, the rest counted. A thread of its own, so a
+    job that prints never blocks on a full pipe while the controller is busy."""
+
+    def __init__(self, fd: int, log, head: int = LOG_HEAD, cap: int = OUTPUT_CAP) -> None:
+        self.fd, self.log, self.head, self.cap = fd, log, head, cap
+        self.total = 0  # bytes the job wrote
+        self.written = 0  # bytes of them in the log
+        self.last = bytearray()  # the last `cap` bytes
+        self.failed: str | None = None  # why the log could not be written (a full disk)
+        self._stop_at: float | None = None
+        os.set_blocking(fd, False)
+        self.thread = threading.Thread(target=self._run, name="commbench-output", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        try:
+            while True:
+                ready, _, _ = select.select([self.fd], [], [], POLL_S)
+                if not ready:
+                    if self._stop_at is not None:
+                        return  # the job is over and nothing more comes
+                    continue
+                try:
+                    data = os.read(self.fd, READ_CHUNK)
+                except BlockingIOError:
+                    continue
+                if not data:
+                    return  # every writer is gone
+                self._take(data)
+                if self._stop_at is not None and time.monotonic() > self._stop_at:
+                    return  # something outside the job holds the pipe and keeps writing
+        except (OSError, ValueError):  # the descriptor went away: nothing more to read
+            return
+
+    def _take(self, data: bytes) -> None:
+        self.total += len(data)
+        if self.written < self.head and self.failed is None:
+            part = data[:self.head - self.written]
+            try:
+                self.log.write(part)
+                self.log.flush()
+                self.written += len(part)
+            except (OSError, ValueError) as exc:
+                self.failed = f"{exc.__class__.__name__}: {exc}"
+        self.last += data
+        if len(self.last) > self.cap:
+            del self.last[:len(self.last) - self.cap]
+
+    def finish(self, grace: float = DRAIN_S) -> None:
+        """Read what is still in the pipe (at most `grace` seconds), then append the tail
+        that the log's head does not hold, saying how much lies between."""
+        self._stop_at = time.monotonic() + grace
+        self.thread.join(grace + 2 * POLL_S)
+        try:
+            os.close(self.fd)
+        except OSError:
+            pass
+        missing = self.total - self.written  # bytes of the output not in the log
+        if missing <= 0 or self.failed is not None:
+            return
+        tail = bytes(self.last[-missing:]) if missing <= len(self.last) else bytes(self.last)
+        note = b"" if missing <= len(self.last) else \
+            f"\n[... {missing - len(tail)} bytes of output not kept ...]\n".encode()
+        try:
+            self.log.write(note + tail)
+            self.log.flush()
+        except (OSError, ValueError) as exc:
+            self.failed = f"{exc.__class__.__name__}: {exc}"
+
+    def text(self) -> str:
+        """The tail of the output as `tail()` gives a file's: printable, saying what was cut."""
+        data = bytes(self.last[-self.cap:])
+        text = CONTROL.sub("", data.decode(errors="replace"))
+        if self.total > len(data):
+            text = f"[... {self.total - len(data)} bytes cut ...]\n" + text
+        return text
 
 
 PR_SET_PDEATHSIG = 1
@@ -209,10 +348,22 @@ class Job:
         self.log = log or (cwd / "output.log")
         self.start = time.monotonic()
         self.end = self.start + deadline_s
-        self._out = open(self.log, "wb")
-        self.proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=self._out,
-                                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                     start_new_session=True, preexec_fn=_die_with_parent)
+        # a fresh file of the controller's own (a link planted at its name is replaced)
+        self.log.unlink(missing_ok=True)
+        self._out = open(os.open(self.log, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+                                 | os.O_CLOEXEC, 0o644), "wb")
+        read_end, write_end = os.pipe()
+        try:
+            self.proc = subprocess.Popen(drained(argv), cwd=cwd, env=env, stdout=write_end,
+                                         stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                         start_new_session=True, preexec_fn=_die_with_parent)
+        except BaseException:
+            os.close(read_end)
+            self._out.close()
+            raise
+        finally:
+            os.close(write_end)  # the job holds it now: the pipe ends when the job does
+        self.output = OutputDrain(read_end, self._out)
         LIVE[self.proc.pid] = self
         self.timed_out = False
 
@@ -243,16 +394,18 @@ class Job:
 
     def finish(self) -> JobResult:
         """Kill whatever is left of the job and collect its result."""
+        killed = self.proc.poll() is None
         kill_session(self.proc.pid)  # also reaps ranks left behind by a job that did exit
         try:
             self.proc.wait(timeout=10)
         except subprocess.TimeoutExpired:  # pragma: no cover - KILL cannot be ignored
             pass
         LIVE.pop(self.proc.pid, None)
+        self.output.finish()
         self._out.close()
         code = self.proc.returncode
         return JobResult(None if self.timed_out or code is None else code, self.timed_out,
-                         time.monotonic() - self.start, tail(self.log))
+                         time.monotonic() - self.start, self.output.text(), killed)
 
 
 def run_job(argv: list[str], cwd: Path, deadline_s: float, env: dict[str, str] | None = None,

@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from . import jobfiles
 from .checks.base import Case, Op, Trial, compare
 from .rank.protocol import (
     GUARD_EXIT,
@@ -141,6 +142,7 @@ class Rank:
         self.data_bytes = 0
         self.buffer = b""
         self.placed: list[list] = []
+        self.fed: list = []  # a batch's inputs per call (name, shape, dtype), as last laid out
 
     def grow(self, size: int) -> None:
         """A data segment of at least `size` bytes (a new memory file, sent to the rank)."""
@@ -253,11 +255,13 @@ class Observer:
         if not self.job.alive():
             raise JobEnded(Verdict.RUNTIME_ERROR, "the job ended early")
 
-    def _read_sockets(self) -> None:
+    def _read_sockets(self) -> int:
+        """Read what the ranks said (at most one read per rank); returns the bytes read."""
         conns = [r.conn for r in self.ranks if r is not None]
         if not conns:
-            return
+            return 0
         ready, _, _ = select.select(conns, [], [], 0)
+        got = 0
         for conn in ready:
             rank = next(r for r in self.ranks if r is not None and r.conn is conn)
             try:
@@ -266,6 +270,7 @@ class Observer:
                 data = b""
             if not data:
                 continue
+            got += len(data)
             rank.buffer = (rank.buffer + data)[-65536:]
             while b"\n" in rank.buffer:
                 line, rank.buffer = rank.buffer.split(b"\n", 1)
@@ -277,6 +282,19 @@ class Observer:
                     continue
                 if isinstance(msg, dict) and msg.get("phase") == "loading":
                     self.loaded = True
+        return got
+
+    def settle(self, most: int = 1 << 22) -> None:
+        """Read everything the ranks said before the job ended (at most `most` bytes): the
+        verdict of a job that ended early rests on `loaded`, and a rank's "loading" may still
+        be unread in its socket when the observer stopped for another reason (a job that died
+        before the observer looked, a send to a rank that was gone). Called once the job is
+        over: every sender is gone, so what is there is all there will be."""
+        while most > 0:
+            got = self._read_sockets()
+            if not got:
+                return
+            most -= got
 
     def _spin(self, cond) -> None:
         """Wait until cond() is true: asleep until a rank rings the doorbell, looking at the
@@ -358,7 +376,12 @@ class Observer:
                           for n, (shape, dtype) in trial.outputs[number].items()]
             placed, size = layout(specs)
             placed_all.append((self.ranks[number], placed, size))
-        changed = any(p != r.placed for r, p, _ in placed_all)
+        # a batch's inputs come through the feed: where their shapes change, so does the
+        # layout (a staged rank keeps each call's device inputs for the layout's life)
+        feeds = [[[[n, [int(x) for x in a.shape], str(a.dtype)] for n, a in t.inputs[r].items()]
+                  for t in trials] if batch > 1 else [] for r in range(self.world)]
+        changed = any(p != r.placed or f != r.fed
+                      for (r, p, _), f in zip(placed_all, feeds))
         if changed:
             self.version += 1
         for number, (rank, placed, size) in enumerate(placed_all):
@@ -366,6 +389,7 @@ class Observer:
             if remap:
                 rank.grow(size * 2)
             rank.placed = placed
+            rank.fed = feeds[number]
             v = views(rank.data, placed)
             inputs = {e[0] for e in placed if e[1] == "in"}
             for name, kind, _shape, _dtype, _off in placed:
@@ -374,8 +398,7 @@ class Observer:
             info: dict[str, Any] = {"layout": placed, "extra": trials[0].extra[number]}
             if batch > 1:
                 info.update(batch=batch, extras=[t.extra[number] for t in trials],
-                            feed=[[[n, [int(x) for x in a.shape], str(a.dtype)]
-                                   for n, a in t.inputs[number].items()] for t in trials])
+                            feed=feeds[number])
             if remap:
                 info["remap"] = rank.data_bytes
             rank.ctl.write_info(info)
@@ -706,13 +729,17 @@ class WrongAnswer(Exception):
         self.errors = errors
 
 
-def guard_reports(out: Path) -> list[dict]:
-    """Reports the run-time guard wrote (a forbidden call ended a rank)."""
+def guard_reports(out: Path, world: int) -> list[dict]:
+    """Reports the run-time guard wrote (a forbidden call ended a rank): `guard_r<rank>.json`
+    of each rank in the job's `out` folder, read as `jobfiles` reads a job's files (never
+    through a link, never a FIFO, 8 KiB at most)."""
     found = []
-    for path in sorted(out.glob("guard_r*.json")):
+    for rank in range(world):
+        data = jobfiles.read(out.parent, f"{out.name}/guard_r{rank}.json", 8192)
+        if data is None:
+            continue
         try:
-            with open(path, "rb") as f:
-                line = f.read(8192).decode(errors="replace").splitlines()[0]
+            line = data.decode(errors="replace").splitlines()[0]
             report = json.loads(line)
             found.append(report if isinstance(report, dict) else {"forbidden": str(report)})
         except Exception:  # noqa: BLE001 - a report the solution mangled is still a report

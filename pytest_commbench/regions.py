@@ -37,6 +37,7 @@ FENCE_CLOSE = re.compile(r"^```[ \t]*$")
 MAX_REPLY_CHARS = 1_000_000
 # what may trail a line without changing it (Python and C both take these for blanks)
 TRAILING_BLANKS = " \t\f"
+BOM = "\ufeff"  # a UTF-8 byte order mark, as a reply read as text begins with it
 
 
 class RegionSyntaxError(ValueError):
@@ -428,6 +429,8 @@ def merge_reply(template: str, reply: str | None) -> str:
     reply holds nothing usable (empty, not text, absurdly large) and Rejected(TAMPERED) when it
     changes the harness; nothing a reply holds makes it raise anything else.
     """
+    if reply is not None and reply.startswith(BOM):
+        reply = reply[len(BOM):]  # an encoding mark some writers put first, not text
     if reply is None or not reply.strip():
         raise Rejected(Verdict.NO_SOLUTION, "the reply is empty")
     _usable_text(reply)

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from . import checks, cupti_guard, interposer, observer, regions, sandbox
+from . import checks, cupti_guard, interposer, jobfiles, observer, regions, sandbox
 from .build import ALWAYS_FORBIDDEN_C, expand_forbid, native_forbid
 from .checks.base import Case, make_late
 from .launch import Job, find_mpiexec, mpi_env
@@ -66,6 +66,7 @@ class Settings:
     refine_rounds: int = 1  # model generations per task at most (refinement rounds)
     budget_usd: float | None = None  # ... and none once the task's answers cost this much
     check_only: bool = False  # correctness only: no reference job, no timing
+    gpu_batch: bool = False  # GPU jobs batch short calls too (--commbench-gpu-batch)
 
 
 @dataclass
@@ -182,14 +183,179 @@ def _attempt(task: Task, world: int, candidate: Candidate, platform: Platform,
     return record
 
 
-def _tidy(work: Path, everything: bool) -> None:
-    """Free the disk: a passing item leaves nothing; a failing one keeps its solution, job
-    files, rank status and output logs (for a human to look at), not its data arrays."""
-    if everything:
-        shutil.rmtree(work, ignore_errors=True)
+def _tidy(work: Path, everything: bool, seconds: float = 30.0) -> None:
+    """Free the disk, in at most `seconds`: a passing item leaves nothing; a failing one
+    keeps the evidence a human looks at and nothing else its solution wrote. Kept: the
+    solution's source (`solution.<ext>`), and in each job's folder its output log (as the
+    job left it, its first MiB and its tail; its last 2 MiB if it grew past that), its job
+    file (`ro/job.json`) and its ranks' status, stack and guard files (and the MPS state)
+    under `out/` (64 KiB each); removed: scratch folders, data, copies of the code and
+    libraries, anything else. Nothing is followed: a link, FIFO or device is
+    removed, never opened; a kept file is opened without following links and only if it is
+    a regular file; folders are walked from descriptors, a few at a time (deeper ones are
+    moved up first), so a deep or huge tree costs time, never more than `seconds`."""
+    import os
+    import re as regex
+    import stat
+
+    deadline = time.monotonic() + seconds
+    folder_flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+    evidence = regex.compile(r"(status|guard)_r\d{1,6}\.json|stack_r\d{1,6}\.txt|mps\.json")
+    solution = regex.compile(r"solution\.(py|cu|cpp|c)")
+
+    def kind(dir_fd: int, name: str) -> int | None:
+        try:
+            return os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode
+        except OSError:
+            return None
+
+    def opened(dir_fd: int, name: str) -> int | None:
+        """A descriptor of the folder `name` (made readable if its solution closed it)."""
+        for attempt in range(2):
+            try:
+                return os.open(name, folder_flags, dir_fd=dir_fd)
+            except PermissionError:
+                if attempt == 0:
+                    try:
+                        os.chmod(name, 0o700, dir_fd=dir_fd)
+                    except OSError:
+                        return None
+            except OSError:
+                return None
+        return None
+
+    def purge(dir_fd: int, name: str) -> None:
+        """Remove `name` of the folder open at `dir_fd`, with everything under it."""
+        mode = kind(dir_fd, name)
+        if mode is None:
+            return
+        if not stat.S_ISDIR(mode):
+            try:
+                os.unlink(name, dir_fd=dir_fd)
+            except OSError:
+                pass
+            return
+        top = opened(dir_fd, name)
+        if top is None:
+            return
+        stack = [(top, name, os.listdir(top))]  # (descriptor, name in its parent, to do)
+        moved = 0
+        try:
+            while stack:
+                if time.monotonic() > deadline:
+                    return
+                fd, own, todo = stack[-1]
+                if not todo:
+                    # emptied (or what is left could not go): remove it from its parent
+                    stack.pop()
+                    os.close(fd)
+                    try:
+                        os.rmdir(own, dir_fd=stack[-1][0] if stack else dir_fd)
+                    except OSError:
+                        pass
+                    continue
+                entry = todo.pop()
+                mode = kind(fd, entry)
+                if mode is None:
+                    continue
+                if not stat.S_ISDIR(mode):
+                    try:
+                        os.unlink(entry, dir_fd=fd)
+                    except OSError:
+                        pass
+                    continue
+                if len(stack) >= 16:  # few descriptors at once: a deep folder moves up
+                    moved += 1
+                    fresh = f".tidy-{moved}"
+                    try:
+                        os.rename(entry, fresh, src_dir_fd=fd, dst_dir_fd=top)
+                        stack[0][2].append(fresh)
+                    except OSError:
+                        pass
+                    continue
+                sub = opened(fd, entry)
+                if sub is not None:
+                    try:
+                        stack.append((sub, entry, os.listdir(sub)))
+                    except OSError:
+                        os.close(sub)
+        finally:
+            for fd, _own, _todo in stack:
+                os.close(fd)
+
+    def cap(dir_fd: int, name: str, limit: int) -> None:
+        """Keep `name` if it is a regular file, cut to its last `limit` bytes; else remove."""
+        try:
+            fd = os.open(name, os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
+                         dir_fd=dir_fd)
+        except OSError:
+            purge(dir_fd, name)
+            return
+        try:
+            info = os.fstat(fd)
+            if not stat.S_ISREG(info.st_mode):
+                os.close(fd)
+                fd = -1
+                purge(dir_fd, name)
+                return
+            if info.st_size > limit:
+                note = f"[... {info.st_size - limit} bytes cut when the item was tidied ...]\n"
+                tail = os.pread(fd, limit, info.st_size - limit)
+                os.ftruncate(fd, 0)
+                os.pwrite(fd, note.encode() + tail, 0)
+        except OSError:
+            pass
+        finally:
+            if fd >= 0:
+                os.close(fd)
+
+    def keep_only(dir_fd: int, name: str, keep) -> None:
+        """In the folder `name`: `keep(entry)` says the cap of a file kept, None: removed."""
+        if kind(dir_fd, name) is None or not stat.S_ISDIR(kind(dir_fd, name)):
+            purge(dir_fd, name)
+            return
+        fd = opened(dir_fd, name)
+        if fd is None:
+            return
+        try:
+            for entry in os.listdir(fd):
+                if time.monotonic() > deadline:
+                    return
+                limit = keep(entry)
+                if limit is None:
+                    purge(fd, entry)
+                elif isinstance(limit, int):
+                    cap(fd, entry, limit)
+                else:
+                    keep_only(fd, entry, limit)
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+
+    def in_out(entry: str) -> int | None:
+        return 64 << 10 if evidence.fullmatch(entry) else None
+
+    def in_ro(entry: str) -> int | None:
+        return 1 << 20 if entry == "job.json" else None
+
+    def in_job(entry: str):
+        return {"output.log": 2 << 20, "out": in_out, "ro": in_ro}.get(entry)
+
+    def in_work(entry: str):
+        return 4 << 20 if solution.fullmatch(entry) else in_job
+
+    try:
+        parent = os.open(work.parent, folder_flags)
+    except OSError:
         return
-    for npy in work.rglob("*.npy") if work.exists() else ():
-        npy.unlink(missing_ok=True)
+    try:
+        if everything:
+            purge(parent, work.name)
+        else:
+            keep_only(parent, work.name, in_work)
+    finally:
+        os.close(parent)
 
 
 def _produce(candidate: Candidate) -> Reply:
@@ -474,13 +640,15 @@ def _run_job(plan: Plan, artifact: Path, job_dir: Path, lease_env: dict[str, str
         warmup=settings.warmup, wall_s=settings.wall_s, rtol=task.check.rtol,
         atol=task.check.atol)
     rng = np.random.default_rng(_job_seed(settings.seed, job_dir))
-    # batches of calls: Python solutions on the host backend (a GPU job's buffer sets and a
-    # compiled solution's prepared arguments are one per call so far)
+    # batches of calls: Python solutions on the host backend; on a GPU (a device buffer set,
+    # a compiled solution's context and its IPC mappings per call) where asked for
+    batch = (task.language == "python" if platform.backend == "cpu" else settings.gpu_batch)
     obs = observer.Observer(job_dir, world, plan.op, obs_settings, rng,
                             staged=platform.backend != "cpu", timed=timed, trials=trials,
-                            batch=platform.backend == "cpu" and task.language == "python",
+                            batch=batch,
                             batches=dict(plan.batches) if plan.batches else None)
     outcome = Outcome(Verdict.PASS)
+    failure: Exception | None = None
     job = Job(argv, job_dir, plan.deadline, env=env)
     try:
         obs.connect(job)
@@ -500,43 +668,78 @@ def _run_job(plan: Plan, artifact: Path, job_dir: Path, lease_env: dict[str, str
                                            if len(exc.errors) > MAX_MESSAGES else []))
     except observer.JobEnded as exc:
         outcome.verdict, outcome.message, outcome.detail = exc.verdict, exc.message, exc.detail
-    except Exception as exc:
-        # after a rank began to load the solution, whatever made the observer fail came
-        # through the solution's reach (its outputs, its messages, its processes): its fault
-        if not obs.loaded:
-            raise
-        outcome.verdict = Verdict.RUNTIME_ERROR
-        outcome.message = (f"the job made the observer fail ({type(exc).__name__}: "
-                           f"{str(exc)[:300]})")
+    except Exception as exc:  # judged below, once every rank's last words are read
+        failure = exc
     finally:
         obs.end(len(plan.cases))
         result = job.finish()
-        obs.close()
-        if not settings.sandbox:  # a sandbox's daemons die with it; here one may be left
-            getattr(platform, "reap", lambda _out: None)(out)
+        try:
+            # whether a rank began to load the solution decides who is to blame: read all
+            # the ranks said before the job ended, not only what the observer had read
+            obs.settle()
+        finally:
+            obs.close()
+            if not settings.sandbox:  # a sandbox's daemons die with it; here one may be left
+                getattr(platform, "reap", lambda _out: None)(out)
+    if failure is not None:
+        # after a rank began to load the solution, whatever made the observer fail came
+        # through the solution's reach (its outputs, its messages, its processes): its fault
+        if not obs.loaded:
+            raise failure
+        outcome.verdict = Verdict.RUNTIME_ERROR
+        outcome.message = (f"the job made the observer fail ({type(failure).__name__}: "
+                           f"{str(failure)[:300]})")
+    elif outcome.verdict is Verdict.INFRA_ERROR and obs.loaded:
+        # the observer said "not loaded yet" before it had read every rank's word: a rank
+        # had begun to load the solution, so the job's end is the solution's
+        outcome.verdict = Verdict.TIMEOUT if result.timed_out else Verdict.RUNTIME_ERROR
+        outcome.message = (f"the job did not finish within {plan.deadline:g} s and was killed"
+                           if result.timed_out else "the job ended early")
     outcome.output, outcome.seconds = result.output, result.seconds
     outcome.batches = obs.batches
+    if outcome.verdict is Verdict.RUNTIME_ERROR and settings.sandbox:
+        _killed_outside(result)
     if outcome.verdict in (Verdict.RUNTIME_ERROR, Verdict.TIMEOUT):
         _blame(outcome, result, out, world, obs.loaded)
     return outcome
 
 
+def _killed_outside(result) -> None:
+    """Raise InfraError where the job was killed from outside it: its first process (the
+    sandbox's `unshare`, the controller's own child) died of a signal while the controller
+    had sent none (`JobResult.killed` is the controller's record). Nothing inside the job can
+    send `unshare` a signal: it lies outside the job's PID namespace, and no process of the
+    job shares its process group (the launcher runs in a session of its own); the job's
+    namespace init (which `unshare` mirrors) takes no signal from inside either. What is left
+    is the machine's: someone outside, the kernel (the OOM killer)."""
+    code = result.returncode
+    if result.killed or code is None or code >= 0:
+        return
+    import signal
+
+    try:
+        name = f" ({signal.Signals(-code).name})"
+    except ValueError:
+        name = ""
+    raise InfraError(f"the job was killed from outside: its sandbox's first process ended by "
+                     f"signal {-code}{name}, which the controller did not send and no process "
+                     f"of the job can\n{result.output.strip()[-800:]}")
+
+
 def _stacks(out: Path, world: int) -> str:
     """The Python stacks a hung rank's watchdog wrote shortly before the deadline (quoted for
-    whoever debugs the hang, never believed)."""
+    whoever debugs the hang, never believed; read as `jobfiles` reads a job's files)."""
     parts = []
     for rank in range(world):
-        try:
-            with open(out / f"stack_r{rank}.txt", "rb") as f:
-                text = f.read(65536).decode(errors="replace").strip()
-        except OSError:
-            continue
+        data = jobfiles.read(out.parent, f"{out.name}/stack_r{rank}.txt", 65536, tail=True)
+        text = data.decode(errors="replace").strip() if data else ""
         if text:
             parts.append(f"rank {rank}'s Python stack near the deadline:\n{text[-1500:]}")
     return "\n".join(parts)
 
 
 END_GRACE_S = 30.0
+LIMIT_LINE = re.compile(r"\[commbench sandbox\] stopped the job: ([^\n]*)")
 # Open MPI 5's report of a rank that ended without MPI_Finalize (os._exit, exit())
 IMPROPER = re.compile(r"process\s+rank\s+(\d+)\s+with\s+PID\s+\d+\s+on\s+node\s+\S+\s+"
                       r"exiting\s+improperly")
@@ -546,36 +749,57 @@ EXITED = re.compile(r"(?:rank|Process name: \[\[?[^\]]*?,)\s*(\d+)\]?.*?"
 
 
 def _blame(outcome: Outcome, result, out: Path, world: int, loaded: bool) -> None:
-    """Who ended the job: a forbidden call (the guard's report), a rank that raised or died,
-    or, before any rank said it was loading the solution, the harness or the machine."""
-    reports = observer.guard_reports(out)
-    # an exit code is evidence of the harness's failure only before any rank began to load
-    # the solution: afterwards the solution can end its rank with any code it likes
-    if result.returncode == interposer.RESOLVE_EXIT and not reports and not loaded:
-        raise InfraError("the run-time guard does not fit the MPI the ranks loaded: "
-                         f"{result.output.strip()[-800:]}")
+    """Who ended the job: before any rank said it was loading the solution, the harness or
+    the machine (whatever the job's exit code, output or files say: nothing of the solution
+    had run); afterwards a forbidden call (the guard's report), a rank that raised or died,
+    always the solution."""
+    if not loaded:
+        # an exit code is evidence of the harness's failure only before any rank began to
+        # load the solution: afterwards the solution can end its rank with any code it likes
+        if result.returncode == interposer.RESOLVE_EXIT:
+            raise InfraError("the run-time guard does not fit the MPI the ranks loaded: "
+                             f"{result.output.strip()[-800:]}")
+        raise InfraError(f"the job failed before the solution was loaded ({outcome.message}): "
+                         f"{result.output.strip()[-800:] or 'no output'}")
+    reports = observer.guard_reports(out, world)
     if reports:
         outcome.verdict = Verdict.FORBIDDEN
         what = reports[0].get("forbidden", "?")
         outcome.message = f"the solution called what this task forbids, at run time: {what}"
         outcome.detail = str(reports[0].get("detail", ""))[:2000]
         return
-    if not loaded:
-        raise InfraError(f"the job failed before the solution was loaded ({outcome.message}): "
-                         f"{result.output.strip()[-800:] or 'no output'}")
+    if result.returncode == sandbox.LIMIT_EXIT:
+        # the sandbox stopped the job at one of its limits (processes, its folder's size, the
+        # disk): the solution's failure; the sandbox's line says which (a solution printing
+        # such a line changes only this message, never the verdict)
+        said = LIMIT_LINE.findall(result.output)
+        outcome.message = ("the job went past a limit of its sandbox and was stopped"
+                           + (f": {said[-1].strip()[:500]}" if said else
+                              f" (exit code {sandbox.LIMIT_EXIT})"))
+        return
     statuses = []
     for rank in range(world):
-        try:  # written by the rank's process: quoted, bounded, never trusted
-            with open(out / f"status_r{rank}.json", "rb") as f:
-                status = json.loads(f.read(65536))
-            statuses.append(status if isinstance(status, dict) else None)
+        # written by the rank's process: quoted, bounded, never trusted
+        data = jobfiles.read(out.parent, f"{out.name}/status_r{rank}.json", 65536)
+        try:
+            status = json.loads(data) if data else None
         except Exception:  # noqa: BLE001
-            statuses.append(None)
+            status = None
+        statuses.append(status if isinstance(status, dict) else None)
     if outcome.verdict is Verdict.TIMEOUT:
         stuck = [f"rank {r}: {str(s.get('phase'))[:100]}" for r, s in enumerate(statuses)
                  if isinstance(s, dict) and not s.get("done")]
+        raised = [(r, s) for r, s in enumerate(statuses) if isinstance(s, dict) and s.get("error")]
+        if raised:
+            # a rank that raised and then hung in its abort (MPI_Abort can hang): its
+            # exception is what tells; the verdict stays the timeout the observer saw
+            rank, s = raised[0]
+            outcome.message += (f"; rank {rank} had raised during {str(s.get('phase'))[:100]} "
+                                f"(as its own status file says) and the job did not end after "
+                                f"it: {str(s['error'])[:1500]}")
         outcome.detail = "\n".join(
             p for p in (outcome.detail, "status files: " + "; ".join(stuck) if stuck else "",
+                        str(raised[0][1].get("traceback", ""))[-4000:] if raised else "",
                         _stacks(out, world)) if p)
         return
     for rank, s in enumerate(statuses):

@@ -10,6 +10,15 @@ names (the package, the references, the runs and scratch roots with every other 
 job's files, the project tree) is subtracted where it lies inside a kept tree. `probe()`
 says once per process whether namespaces work here; where they do not, an item is
 `infra_error` with the reason unless the user passed `--commbench-unsandboxed`.
+
+A job's limits travel in its plan (`default_limits`, any of them changed by `plan`'s
+`limits`): `pids_max` processes and threads for the whole job (a pids cgroup of its own
+where `pids_cgroup()` finds one this process may write, else RLIMIT_NPROC, else a count by
+the sandbox's first process: `sandbox_init` says which applies where and what remains),
+`tmpfs_bytes` for each of /tmp, /var/tmp, /dev/shm and /run, and for the job's folder on the
+host's disk `fsize_bytes` per file, `scratch_bytes` and `scratch_files` in all, and
+`disk_reserve_bytes` of the disk that a job may not take. A job stopped at a limit ends with
+`LIMIT_EXIT` and says why on its output.
 """
 
 from __future__ import annotations
@@ -18,17 +27,26 @@ import functools
 import glob
 import json
 import os
+import re
+import secrets
 import shutil
 import subprocess
 import sys
 import sysconfig
 from collections.abc import Iterable, Mapping
 from pathlib import Path
+from typing import Any
 
-from .launch import find_mpiexec
+from .launch import drained, find_mpiexec
 
 INIT = Path(__file__).with_name("sandbox_init.py")
 SETUP_FAILED = 125  # sandbox_init's exit code when the sandbox could not be built
+LIMIT_EXIT = 122  # sandbox_init's exit code when the job went past a limit and was stopped
+MiB, GiB = 1 << 20, 1 << 30
+PIDS_MAX = 2048  # processes and threads of one job (8 GPU ranks need a few hundred)
+SCRATCH_BYTES = 2 * GiB  # what a job may write into its folder, and its largest file
+SCRATCH_FILES = 100_000  # files and folders a job may make in its folder
+CGROUP_PREFIX = "commbench-"
 PACKAGE = Path(__file__).resolve().parent
 # what any program needs (bound read-only where they exist; a symbolic link, e.g. /bin ->
 # usr/bin on a merged-/usr system, is made again as a link)
@@ -106,15 +124,190 @@ def system_keep(env: Mapping[str, str] | None = None) -> list[str]:
     return [p for p in dict.fromkeys(kept) if os.path.realpath(p) != "/"]
 
 
+def memory_bytes() -> int:
+    """The memory this process's jobs have: the machine's, or less where a memory cgroup
+    (v2 `memory.max` or v1 `memory.limit_in_bytes`) of this process says so."""
+    total = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    try:
+        lines = Path("/proc/self/cgroup").read_text().splitlines()
+    except OSError:
+        return total
+    for line in lines:
+        _id, controllers, path = line.split(":", 2)
+        if controllers == "":
+            files = [f"/sys/fs/cgroup{path}/memory.max"]
+        elif "memory" in controllers.split(","):
+            files = [f"/sys/fs/cgroup/memory{path}/memory.limit_in_bytes"]
+        else:
+            continue
+        for file in files:
+            try:
+                text = Path(os.path.normpath(file)).read_text().strip()
+            except OSError:
+                continue
+            if text.isdigit() and 0 < int(text) < total:
+                total = int(text)
+    return total
+
+
+def tmpfs_sizes(ram: int | None = None) -> dict[str, int]:
+    """Bytes of each fresh tmpfs of a job: a sixteenth of the memory each, /run at most
+    256 MiB; /dev/shm (NCCL's and MPS's shared memory: a few hundred MiB per job at most)
+    never less than 1 GiB or a quarter of the memory, whichever is smaller."""
+    ram = memory_bytes() if ram is None else ram
+    part = max(64 * MiB, ram // 16)
+    return {"/tmp": part, "/var/tmp": part, "/run": min(part, 256 * MiB),
+            "/dev/shm": max(part, min(GiB, ram // 4))}
+
+
+def disk_reserve(folder: Path | str) -> int:
+    """Bytes of the disk holding `folder` that no job may take: 5% of it, at most 2 GiB
+    (the results log, the next items and everyone else need the rest)."""
+    try:
+        st = os.statvfs(folder)
+    except OSError:
+        return 0
+    return min(2 * GiB, st.f_blocks * st.f_frsize // 20)
+
+
+def _cgroup_mounts() -> tuple[tuple[str, str] | None, tuple[str, str] | None]:
+    """(mount point, root) of the cgroup v2 hierarchy and of the v1 `pids` one, if any."""
+    v2 = v1 = None
+    try:
+        lines = Path("/proc/self/mountinfo").read_bytes().splitlines()
+    except OSError:
+        return None, None
+    for line in lines:
+        head, _, tail = line.partition(b" - ")
+        fields, extra = head.split(b" "), tail.split(b" ")
+        if len(fields) < 5 or len(extra) < 3:
+            continue
+        root, point = os.fsdecode(fields[3]), os.fsdecode(fields[4])
+        if "\\" in point or "\\" in root:
+            continue  # an escaped name: not a cgroup mount this looks for
+        if extra[0] == b"cgroup2" and v2 is None:
+            v2 = (point, root)
+        elif extra[0] == b"cgroup" and b"pids" in extra[2].split(b",") and v1 is None:
+            v1 = (point, root)
+    return v2, v1
+
+
+def _cgroup_dir(mount: tuple[str, str], path: str) -> str | None:
+    point, root = mount
+    if root != "/":
+        if path != root and not path.startswith(root.rstrip("/") + "/"):
+            return None
+        path = path[len(root.rstrip("/")):] or "/"
+    return os.path.normpath(point + "/" + path.lstrip("/"))
+
+
+def _writable(folder: str) -> bool:
+    return os.access(folder, os.W_OK | os.X_OK) and \
+        os.access(os.path.join(folder, "cgroup.procs"), os.W_OK)
+
+
+@functools.lru_cache(maxsize=1)
+def pids_cgroup() -> dict[str, Any] | None:
+    """Where a job's pids cgroup can be made by this process: a cgroup v2 whose
+    `cgroup.subtree_control` has `pids` and that this process may write (a delegation: this
+    process's own cgroup, or its parent, as the no-internal-process rule allows), else this
+    process's cgroup in the v1 `pids` hierarchy where it may write there; None if neither."""
+    try:
+        own = Path("/proc/self/cgroup").read_text().splitlines()
+    except OSError:
+        return None
+    v2, v1 = _cgroup_mounts()
+    found = None
+    for line in own:
+        _id, controllers, path = line.split(":", 2)
+        if controllers == "" and v2 is not None and found is None:
+            here = _cgroup_dir(v2, path)
+            for parent in ([here, os.path.dirname(here)] if here else []):
+                if not _inside(parent, v2[0]):
+                    continue
+                try:
+                    control = Path(parent, "cgroup.subtree_control").read_text().split()
+                except OSError:
+                    continue
+                if "pids" in control and _writable(parent):
+                    found = {"version": 2, "parent": parent}
+                    break
+    for line in own:
+        _id, controllers, path = line.split(":", 2)
+        if found is None and v1 is not None and "pids" in controllers.split(","):
+            here = _cgroup_dir(v1, path)
+            if here and _writable(here):
+                found = {"version": 1, "parent": here}
+    return found
+
+
+def _sweep(parent: str) -> None:
+    """Remove the empty cgroups this process's earlier jobs left and those of controllers
+    that are gone (a job killed from outside, at its deadline or with its controller, leaves
+    its cgroup behind; one still in use is never empty, and rmdir refuses it)."""
+    try:
+        names = os.listdir(parent)
+    except OSError:
+        return
+    for name in names:
+        found = re.fullmatch(re.escape(CGROUP_PREFIX) + r"(\d+)-[0-9a-f]+", name)
+        if not found:
+            continue
+        if int(found.group(1)) != os.getpid():
+            try:
+                os.kill(int(found.group(1)), 0)
+                continue  # its controller lives: its job may be about to join it
+            except ProcessLookupError:
+                pass
+            except OSError:
+                continue
+        try:
+            os.rmdir(os.path.join(parent, name))
+        except OSError:
+            pass  # not empty (yet): the next sweep
+
+
+def default_limits(job_dir: Path | str) -> dict[str, Any]:
+    """A job's limits on this machine (see the module's docstring)."""
+    found = pids_cgroup()
+    if found is not None:
+        _sweep(found["parent"])
+    return {
+        "pids_max": PIDS_MAX,
+        "cgroup": None if found is None else
+        {**found, "name": f"{CGROUP_PREFIX}{os.getpid()}-{secrets.token_hex(4)}"},
+        "tmpfs_bytes": tmpfs_sizes(),
+        "fsize_bytes": SCRATCH_BYTES,
+        "scratch_bytes": SCRATCH_BYTES,
+        "scratch_files": SCRATCH_FILES,
+        "disk_reserve_bytes": disk_reserve(job_dir),
+    }
+
+
+def limits_for(job_dir: Path | str, limits: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """`default_limits` with what `limits` changes: a value of None lifts that limit (or,
+    for `cgroup`, uses none); `tmpfs_bytes` may be one size for every mount or some of them
+    by path."""
+    merged = default_limits(job_dir)
+    for key, value in (limits or {}).items():
+        if key == "tmpfs_bytes" and value is not None:
+            sizes = value if isinstance(value, Mapping) else dict.fromkeys(merged[key], value)
+            merged[key] = {**merged[key], **{k: int(v) for k, v in sizes.items()}}
+        else:
+            merged[key] = value
+    return merged
+
+
 def plan(job_dir: Path, argv: list[str], env: dict[str, str], hide: Iterable[Path],
-         keep: Iterable[Path | str] | None = None) -> dict:
+         keep: Iterable[Path | str] | None = None,
+         limits: Mapping[str, Any] | None = None) -> dict:
     """The JSON plan `sandbox_init.py` builds the job's view from.
 
     `keep`: trees bound read-only besides the system trees and the Python environment; None
     means `system_keep(env)` less what of it lies in a hidden tree (a library folder inside
     the project stays hidden). What `keep` names and the Python environment stay visible
     inside a hidden tree (a virtual environment inside the project); what `hide` names is
-    hidden where it lies inside a kept tree."""
+    hidden where it lies inside a kept tree. `limits`: changes to `default_limits`."""
     hidden = sorted({str(PACKAGE), *(os.path.realpath(h) for h in hide)})
     if keep is None:
         extra = [k for k in system_keep(env)
@@ -123,16 +316,19 @@ def plan(job_dir: Path, argv: list[str], env: dict[str, str], hide: Iterable[Pat
         extra = [_abs(k) for k in keep]
     kept = [t for t in SYSTEM_TREES if os.path.lexists(t)]
     kept += [k for k in dict.fromkeys([*python_roots(), *extra]) if k not in kept]
-    return {"job": _abs(job_dir), "argv": argv, "env": env, "hide": hidden, "keep": kept}
+    return {"job": _abs(job_dir), "argv": drained(argv), "env": env, "hide": hidden,
+            "keep": kept, "limits": limits_for(job_dir, limits)}
 
 
 def wrap(job_dir: Path, argv: list[str], env: dict[str, str], hide: Iterable[Path],
-         keep: Iterable[Path | str] | None = None) -> list[str]:
-    """The command that runs `argv` inside the job's sandbox (see `plan` for `keep`)."""
+         keep: Iterable[Path | str] | None = None,
+         limits: Mapping[str, Any] | None = None) -> list[str]:
+    """The command that runs `argv` inside the job's sandbox (see `plan` for `keep` and
+    `limits`)."""
     prefix = unshare_argv()
     if prefix is None:
         raise RuntimeError("unshare (util-linux) is not installed")
-    spec = plan(job_dir, argv, env, hide, keep)
+    spec = plan(job_dir, argv, env, hide, keep, limits)
     return [*prefix, sys.executable, "-I", "-S", str(INIT), json.dumps(spec)]
 
 

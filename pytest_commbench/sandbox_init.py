@@ -25,9 +25,41 @@ allow-list, then starts the launcher with no capabilities and waits:
 The launcher runs in the job's folder with an empty capability bounding set and
 no_new_privs, so it and every rank can neither undo a mount nor gain a capability; mounts
 inherited by any namespace they create are locked by the kernel. When the launcher ends,
-this process ends, and the kernel kills every process left in the namespace (daemons
-included). When the controller dies, `unshare --kill-child` (itself killed by the
-parent-death signal the controller set) kills this process, with the same effect.
+this process kills every process left in the namespace (daemons included) and leaves. When
+the controller dies, `unshare --kill-child` (itself killed by the parent-death signal the
+controller set) kills this process, and the kernel ends the namespace with it.
+
+The job's limits (the plan's `limits`, see `sandbox.default_limits`):
+
+- processes and threads, `pids_max` for the whole job, by the first of these that works:
+  a pids cgroup of the job's own (`pids.max`; a child of a cgroup v2 the controller may
+  write and whose `cgroup.subtree_control` has `pids` — a delegation —, else of the cgroup
+  v1 `pids` hierarchy where the controller may write: root in most containers), created
+  here before the view is built, the launcher moved into it before its exec, emptied and
+  removed when the job ends (one left by a job killed from outside is removed by the
+  controller's next job); a fork past the limit fails (EAGAIN). Else RLIMIT_NPROC, set
+  for the launcher: from Linux 5.14 the kernel counts it per user namespace, so it counts
+  the job's processes alone (not every process of the user), but it never applies to a job
+  of the host's root (the kernel exempts root's own processes from RLIMIT_NPROC, in any
+  namespace). Where neither holds (root without a writable pids cgroup, or a kernel before
+  5.14), this process counts the namespace's tasks every `TICK_S` and stops the job above
+  the limit: bounded, but after the fact (a fork bomb may get a tick's worth past it);
+- the tmpfs mounts /tmp, /var/tmp, /dev/shm and /run are sized (`tmpfs_bytes`, with an
+  inode limit in proportion): a job fills them to their size and no further;
+- the job's folder, on the host's disk: no file may grow past `fsize_bytes` (RLIMIT_FSIZE:
+  the write fails with EFBIG, Python's processes ignore SIGXFSZ), no core dump is written
+  (RLIMIT_CORE 0), and this process measures the folder (every `WALK_S`, and at once when
+  the disk's free space falls below `disk_reserve_bytes`) and stops the job once it wrote
+  more than `scratch_bytes` there, or more than the disk had free above that reserve when
+  the job began, or holds more than `scratch_files` entries. A stopped job ends with
+  `LIMIT_EXIT` and one line on its output saying which limit and by how much: the
+  solution's failure (the job had long loaded it), never the harness's.
+
+What remains: memory is not limited (no memory cgroup; a job can take the host's RAM, the
+tmpfs mounts included, until the kernel's OOM killer acts); the folder's quota is measured,
+so a job may write up to a tick's worth of disk bandwidth past it before it is stopped; CPU
+time is bounded by the job's deadline only; without the sandbox (`--commbench-unsandboxed`)
+none of these limits applies.
 """
 
 from __future__ import annotations
@@ -37,9 +69,11 @@ import errno
 import json
 import os
 import re
+import resource
 import signal
 import stat
 import sys
+import time
 
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
 MS_REMOUNT, MS_NOSYMFOLLOW, MS_BIND, MS_REC, MS_PRIVATE = 32, 256, 4096, 16384, 1 << 18
@@ -55,6 +89,13 @@ MAX_LINKS = 40
 # the job's own scratch, empty and writable (and the host's /var/run -> /run made again)
 SCRATCH = {"/tmp": "mode=1777", "/var/tmp": "mode=1777", "/dev/shm": "mode=1777",
            "/run": "mode=755"}
+INODE_BYTES = 16384  # a sized tmpfs gets one inode per this many bytes (at least 1024)
+SETUP_FAILED = 125  # the sandbox could not be built
+LIMIT_EXIT = 122  # the job went past one of its limits and was stopped
+TICK_S = 0.2  # how often the job's limits are looked at
+WALK_S = 1.0  # how often the job's folder is measured, at least (more when it is large)
+MIN_BUDGET = 16 << 20  # a job may always write this much into its folder
+NPROC_PER_NAMESPACE = (5, 14)  # the kernel that counts RLIMIT_NPROC per user namespace
 # what the host lends as it is: its devices, its sysfs, and the PID namespace's /proc that
 # `unshare --mount-proc` mounted
 HOST = ("/dev", "/sys", "/proc")
@@ -144,9 +185,10 @@ class View:
     # on one path: the job's folder over a fresh tmpfs over a kept tree over a hidden one
     RANK = {"job": 0, "tmpfs": 1, "bind": 2, "cover": 3}
 
-    def __init__(self) -> None:
+    def __init__(self, scratch: dict[str, str] | None = None) -> None:
         self.entries: dict[str, tuple[str, int | None]] = {}  # path -> (kind, source fd)
         self.links: dict[str, str] = {}
+        self.scratch = scratch or SCRATCH  # mount options of the fresh tmpfs mounts
 
     def add(self, path: str, kind: str) -> str | None:
         """Plan `path` (links on the way made again); its link-free path, None if absent."""
@@ -214,7 +256,7 @@ class View:
                 if path == "/dev":
                     mask_block_devices(at, null_fd)
             elif kind == "tmpfs":
-                mount("tmpfs", at, "tmpfs", MS_NOSUID | MS_NODEV, SCRATCH[path])
+                mount("tmpfs", at, "tmpfs", MS_NOSUID | MS_NODEV, self.scratch[path])
             elif os.path.isdir(at):  # a hidden tree
                 mount("tmpfs", at, "tmpfs", MS_NOSUID | MS_NODEV, "size=64k,mode=755")
             else:  # a hidden file
@@ -254,10 +296,23 @@ def pivot(root: str) -> None:
     os.chdir("/")
 
 
+def scratch_options(limits: dict) -> dict[str, str]:
+    """The mount options of the fresh tmpfs mounts, with their sizes from the plan."""
+    sizes = limits.get("tmpfs_bytes") or {}
+    options = {}
+    for path, base in SCRATCH.items():
+        size = sizes.get(path) if isinstance(sizes, dict) else sizes
+        if size:
+            size = max(int(size), 4096)
+            base += f",size={size},nr_inodes={max(1024, size // INODE_BYTES)}"
+        options[path] = base
+    return options
+
+
 def build(plan: dict) -> str:
     """Build the job's view; returns the job's folder (its path with no link in it)."""
     mount(None, "/", None, MS_REC | MS_PRIVATE)
-    view = View()
+    view = View(scratch_options(plan.get("limits") or {}))
     for path in plan["keep"]:
         view.add(path, "bind")
     for path in HOST:
@@ -314,37 +369,318 @@ def drop_privileges() -> None:
         raise SetupError("prctl(NO_NEW_PRIVS) failed")
 
 
+# -- limits ------------------------------------------------------------------------------------
+
+def kernel_at_least(version: tuple[int, int]) -> bool:
+    found = re.match(r"(\d+)\.(\d+)", os.uname().release)
+    return bool(found) and (int(found.group(1)), int(found.group(2))) >= version
+
+
+def host_uid() -> int | None:
+    """The host's uid of this namespace's root (from the user namespace's uid map)."""
+    try:
+        with open("/proc/self/uid_map", "rb") as f:
+            for line in f:
+                inside_id, outside, _count = (int(x) for x in line.split())
+                if inside_id == os.getuid():
+                    return outside
+    except (OSError, ValueError):
+        pass
+    return None
+
+
+class PidsCgroup:
+    """A pids cgroup of the job's own, made in the plan's `parent` (a cgroup v2 that
+    delegates `pids`, or a cgroup of the v1 `pids` hierarchy): created before the view is
+    built (the host's /sys is read-only in it; everything here goes through descriptors
+    opened now), the launcher moved into it, emptied and removed at the end."""
+
+    def __init__(self, spec: dict, pids_max: int) -> None:
+        parent, self.name = str(spec["parent"]), str(spec["name"])
+        if "/" in self.name or self.name in ("", ".", ".."):
+            raise SetupError(f"cgroup name {self.name!r}")
+        self.parent = os.open(parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        self.procs = -1
+        try:
+            os.mkdir(self.name, 0o755, dir_fd=self.parent)
+        except OSError:
+            os.close(self.parent)
+            raise
+        try:
+            limit = os.open(f"{self.name}/pids.max", os.O_WRONLY | os.O_CLOEXEC,
+                            dir_fd=self.parent)
+            try:
+                os.write(limit, str(int(pids_max)).encode())
+            finally:
+                os.close(limit)
+            self.procs = os.open(f"{self.name}/cgroup.procs", os.O_WRONLY | os.O_CLOEXEC,
+                                 dir_fd=self.parent)
+        except OSError:
+            self.remove()
+            raise
+
+    def add(self, pid: int) -> None:
+        """Move process `pid` (of this PID namespace: the launcher-to-be, before its exec)
+        into the cgroup."""
+        os.write(self.procs, str(pid).encode())
+
+    def remove(self, wait_s: float = 5.0) -> None:
+        """Remove the cgroup once it is empty (every process of the job is gone by then)."""
+        if self.procs >= 0:
+            os.close(self.procs)
+            self.procs = -1
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                os.rmdir(self.name, dir_fd=self.parent)
+                break
+            except FileNotFoundError:
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    break  # left for the controller's sweep of dead jobs' cgroups
+                time.sleep(0.05)
+        os.close(self.parent)
+
+
+def make_cgroup(limits: dict) -> PidsCgroup | None:
+    spec = limits.get("cgroup")
+    if not spec or not limits.get("pids_max"):
+        return None
+    try:
+        return PidsCgroup(spec, int(limits["pids_max"]))
+    except (OSError, SetupError, KeyError, TypeError, ValueError):
+        return None  # no cgroup after all: RLIMIT_NPROC or the count below
+
+
+def set_rlimits(limits: dict, nproc: bool) -> None:
+    """In the launcher-to-be, before its exec (inherited by every process of the job)."""
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    fsize = limits.get("fsize_bytes")
+    if fsize:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (int(fsize), int(fsize)))
+    if nproc and limits.get("pids_max"):
+        count = int(limits["pids_max"])
+        resource.setrlimit(resource.RLIMIT_NPROC, (count, count))
+
+
+def usage(folder: str, stop_bytes: int | None = None, stop_files: int | None = None
+          ) -> tuple[int, int]:
+    """(bytes of disk, entries) under `folder`, links not followed, a file with several
+    names counted once; the walk stops early once past `stop_bytes` or `stop_files`."""
+    used = files = 0
+    seen: set[tuple[int, int]] = set()
+    todo = [folder]
+    while todo:
+        try:
+            it = os.scandir(todo.pop())
+        except OSError:
+            continue
+        with it:
+            for entry in it:
+                files += 1
+                try:
+                    st = entry.stat(follow_symlinks=False)
+                except OSError:
+                    continue
+                if st.st_nlink > 1 and not stat.S_ISDIR(st.st_mode):
+                    if (st.st_dev, st.st_ino) in seen:
+                        continue
+                    seen.add((st.st_dev, st.st_ino))
+                used += st.st_blocks * 512
+                if stat.S_ISDIR(st.st_mode):
+                    todo.append(entry.path)
+                if (stop_bytes is not None and used > stop_bytes) or \
+                        (stop_files is not None and files > stop_files):
+                    return used, files
+    return used, files
+
+
+def tasks_in_namespace() -> int:
+    """Processes and threads of this PID namespace (its /proc)."""
+    count = 0
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                data = f.read()
+            count += int(data[data.rfind(b")") + 2:].split()[17])
+        except (OSError, ValueError, IndexError):
+            continue
+    return count
+
+
+def _size(n: float) -> str:
+    for unit in ("bytes", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "bytes" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GiB"
+
+
+class Watch:
+    """The limits the kernel does not hold for the job: its folder's size, the disk's free
+    space, and (where no cgroup or RLIMIT_NPROC counts them) its processes."""
+
+    def __init__(self, limits: dict, folder: str, count_tasks: bool) -> None:
+        self.folder = folder
+        self.pids = int(limits.get("pids_max") or 0) if count_tasks else 0
+        self.files = int(limits.get("scratch_files") or 0) or None
+        self.reserve = int(limits.get("disk_reserve_bytes") or 0)
+        quota = int(limits.get("scratch_bytes") or 0) or None
+        self.start_used, _ = usage(folder)
+        self.start_free = self.free()
+        budget = quota
+        if self.reserve and self.start_free is not None:
+            room = max(MIN_BUDGET, self.start_free - self.reserve)
+            budget = room if budget is None else min(budget, room)
+        self.quota, self.budget = quota, budget
+        self.next_walk = time.monotonic() + WALK_S
+
+    def free(self) -> int | None:
+        try:
+            st = os.statvfs(self.folder)
+        except OSError:
+            return None
+        return st.f_bavail * st.f_frsize
+
+    def check(self) -> str | None:
+        """Why the job must stop now, or None."""
+        if self.pids:
+            count = tasks_in_namespace()
+            if count > self.pids:
+                return (f"the job ran {count} processes and threads at once, more than its "
+                        f"limit of {self.pids}")
+        if self.budget is None and self.files is None:
+            return None
+        now = time.monotonic()
+        free = self.free()
+        low = free is not None and self.reserve and free < self.reserve
+        if not low and now < self.next_walk:
+            return None
+        began = time.monotonic()
+        stop = None if self.budget is None else self.start_used + self.budget
+        used, files = usage(self.folder, stop, self.files)
+        took = time.monotonic() - began
+        self.next_walk = time.monotonic() + max(WALK_S, 10 * took)
+        wrote = used - self.start_used
+        if self.budget is not None and wrote > self.budget:
+            if self.quota is not None and self.budget >= self.quota:
+                why = f"its quota of {_size(self.quota)}"
+            else:
+                why = (f"what the disk had free above the {_size(self.reserve)} kept free "
+                       f"when the job began ({_size(self.budget)})")
+            return f"the job wrote {_size(wrote)} into its folder, more than {why}"
+        if self.files is not None and files > self.files:
+            return (f"the job made more than {self.files} files and folders in its folder, "
+                    "its limit")
+        return None
+
+
+def kill_all() -> None:
+    """End every other process of this PID namespace and reap them all."""
+    try:
+        os.kill(-1, signal.SIGKILL)  # in a PID namespace: all of it but this process
+    except OSError:
+        pass
+    while True:
+        try:
+            os.wait()
+        except ChildProcessError:
+            return
+        except InterruptedError:
+            continue
+
+
 def main() -> int:
     plan = json.loads(sys.argv[1])
+    limits = plan.get("limits") or {}
+    group = make_cgroup(limits)
+    try:
+        return run(plan, limits, group)
+    finally:
+        if group is not None:
+            group.remove()
+
+
+def run(plan: dict, limits: dict, group: PidsCgroup | None) -> int:
     try:
         job = build(plan)
     except (SetupError, OSError) as exc:
-        # 125: the sandbox could not be built (the controller reads this as infra_error)
+        # the sandbox could not be built (the controller reads this as infra_error)
         sys.stderr.write(f"[commbench sandbox] set-up failed: {exc}\n")
-        return 125
+        return SETUP_FAILED
+    uid = host_uid()
+    # RLIMIT_NPROC counts the job alone where the kernel counts it per user namespace, and
+    # binds nobody when the host's uid is root's
+    nproc = kernel_at_least(NPROC_PER_NAMESPACE)
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGCHLD})
+    go_r, go_w = os.pipe()
     pid = os.fork()
     if pid == 0:
         try:
+            os.close(go_w)
+            # until this process is in the job's cgroup (or will not be)
+            if os.read(go_r, 1) != b"x":
+                os._exit(SETUP_FAILED)  # the sandbox's first process could not go on
+            os.close(go_r)
+            set_rlimits(limits, nproc)
             drop_privileges()
             os.chdir(job)
+            # a session of the job's own: no process of the job shares a process group with
+            # `unshare` outside (kill(0, ...) from the launcher's group would reach it), so
+            # `unshare` dying of a signal the controller did not send is evidence from outside
+            os.setsid()
+            signal.pthread_sigmask(signal.SIG_SETMASK, set())
             os.execvpe(plan["argv"][0], plan["argv"], plan["env"])
         except BaseException as exc:  # noqa: BLE001 - report and leave
             sys.stderr.write(f"[commbench sandbox] could not start the launcher: {exc}\n")
-        os._exit(125)
-    # forward a termination request to the launcher; reap everything; leave with its status
-    signal.signal(signal.SIGTERM, lambda *_: os.kill(pid, signal.SIGTERM))
-    status = 0
-    while True:
+        os._exit(SETUP_FAILED)
+    os.close(go_r)
+    joined = False
+    if group is not None:
         try:
-            done, st = os.wait()
-        except ChildProcessError:
+            group.add(pid)
+            joined = True
+        except OSError:
+            pass  # no cgroup after all: RLIMIT_NPROC, or the count below
+    try:
+        watch = Watch(limits, job, count_tasks=not (joined or (nproc and uid not in (0, None))))
+        os.write(go_w, b"x")
+    except OSError as exc:
+        sys.stderr.write(f"[commbench sandbox] set-up failed: {exc}\n")
+        os.close(go_w)
+        kill_all()
+        return SETUP_FAILED
+    os.close(go_w)
+    # forward a termination request to the launcher; reap everything; watch the limits;
+    # leave with the launcher's status
+    signal.signal(signal.SIGTERM, lambda *_: os.kill(pid, signal.SIGTERM))
+    status = None
+    while status is None:
+        while True:
+            try:
+                done, st = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                done, st = pid, 0
+            if done == 0:
+                break
+            if done == pid:
+                status = os.waitstatus_to_exitcode(st)
+                break
+        if status is not None:
             break
-        except InterruptedError:
-            continue
-        if done == pid:
-            status = os.waitstatus_to_exitcode(st)
-            break
-    # leaving ends the namespace: the kernel kills whatever the launcher left behind
+        why = watch.check()
+        if why:
+            sys.stderr.write(f"\n[commbench sandbox] stopped the job: {why}\n")
+            sys.stderr.flush()
+            kill_all()
+            return LIMIT_EXIT
+        signal.sigtimedwait([signal.SIGCHLD], TICK_S)
+    # nothing of the job outlives its launcher (the kernel would end it all too, but the
+    # job's cgroup can only be removed once it is empty)
+    kill_all()
     return status if status >= 0 else 128 - status
 
 

@@ -6,7 +6,10 @@ function, and a bad value is a usage error that says where it came from.
 
 A run lives in one directory: its results log (`results.jsonl`) and `run.json`, written when
 the first item is about to run, which holds the run's secret seed so that `--commbench-resume`
-can finish a killed run with the same inputs. Jobs never see the runs directory.
+can finish a killed run with the same inputs. Jobs never see the runs directory. One session
+at a time uses a run directory (`results.RunLock`, taken when the run's file is written or,
+resuming, before anything else; its xdist workers share it): a second `--commbench-resume`
+of a run whose session still lives is a usage error naming that session's pid.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from typing import Any
 import pytest
 
 from .platforms import detect
-from .results import ResultsLog, finished
+from .results import ResultsLog, RunBusy, RunLock, finished
 
 STATE = pytest.StashKey["CommbenchState"]()
 RUN_FILE = "run.json"
@@ -128,6 +131,10 @@ RANKS_PER_GPU_DESC = ("shared placement: put up to N ranks on one GPU, so an ite
                       "where ceil(W/N) GPUs are visible (each job gets an MPS daemon of its "
                       "own); checks correctness on fewer GPUs, its timings are not NVLink "
                       "figures (default 1: one GPU per rank)")
+GPU_BATCH_DESC = ("GPU jobs time short calls as batches of back-to-back calls, each on a buffer "
+                  "set of its own with its inputs uploaded just before it (as CPU jobs do); "
+                  "checked on the CPU through the staged protocol, not yet on a GPU (default "
+                  "off: one call per timed repetition)")
 SHARED_NODE_DESC = ("timed items lease only the GPUs they use instead of the whole node "
                     "(faster with -n, but neighbours may disturb the numbers)")
 UNSANDBOXED_DESC = ("run jobs without their sandbox where namespaces are not available "
@@ -177,6 +184,7 @@ OPTIONS: list[Option] = [
     Option("keep", _flag, False, KEEP_DESC, flag=True),
     Option("shared_node", _flag, False, SHARED_NODE_DESC, flag=True),
     Option("ranks_per_gpu", positive_count, 1, RANKS_PER_GPU_DESC),
+    Option("gpu_batch", _flag, False, GPU_BATCH_DESC, flag=True),
     Option("unsandboxed", _flag, False, UNSANDBOXED_DESC, flag=True),
     Option("base_url", _text, None, BASE_URL_DESC),
     Option("models_file", _text, None, MODELS_FILE_DESC),
@@ -300,6 +308,7 @@ class CommbenchState:
     sandboxed: bool
     check_only: bool
     log: ResultsLog
+    gpu_batch: bool = False
     resume_upto: int | None = None  # resuming: the bytes of the log the killed run left
     manifest_errors: int = 0
     known_platforms: Any = None
@@ -307,6 +316,7 @@ class CommbenchState:
     agent: Any = None  # --commbench-agent: what runs a task's candidates (None: direct)
     _fingerprint: dict | None = None
     _resumed: dict | None = field(default=None, repr=False)
+    run_lock: RunLock | None = field(default=None, repr=False)  # one session per run folder
 
     def item_seed(self, nodeid: str) -> int:
         """Per-item seed: the same item gets the same inputs on any worker, in any order."""
@@ -347,6 +357,11 @@ class CommbenchState:
         """Record the run (its seed above all) before its first item: a killed session can then
         be resumed with the same inputs. Rewritten atomically, the resumes appended."""
         path = self.run_file()
+        if self.run_lock is not None:
+            try:
+                self.run_lock.hold()
+            except RunBusy as exc:
+                raise pytest.UsageError(f"run {self.run_id} ({self.run_dir}): {exc}") from None
         now = time.strftime("%Y-%m-%dT%H:%M:%S%z")
         info = _read_run_file(path) or {}
         if info:
@@ -422,6 +437,25 @@ def _resumed_seed(run_dir: Path, given: int | None, where: str) -> tuple[int, di
     return int(seed), info
 
 
+def _check_writable(path: Path, what: str, where: str) -> None:
+    """A usage error, before any item runs, where the run cannot write `path` (a folder it
+    makes and writes into): the nearest folder of it that exists must take a new folder
+    (one is made there and removed at once; nothing is left behind, even when collecting)."""
+    existing = path
+    while not os.path.lexists(existing) and existing != existing.parent:
+        existing = existing.parent
+    try:
+        if not existing.is_dir():
+            raise NotADirectoryError(f"{existing} is not a folder")
+        import tempfile
+
+        os.rmdir(tempfile.mkdtemp(prefix=".commbench-probe-", dir=existing))
+    except OSError as exc:
+        raise pytest.UsageError(
+            f"{where}: the {what} {path} cannot be written ({exc.__class__.__name__}: "
+            f"{exc.strerror or exc}); give a folder this user can write to") from None
+
+
 def create(config: pytest.Config) -> CommbenchState:
     root = config.rootpath
     workerinput = getattr(config, "workerinput", None)
@@ -429,6 +463,8 @@ def create(config: pytest.Config) -> CommbenchState:
     runs_dir = Path(setting(config, "runs_dir")).expanduser()
     if not runs_dir.is_absolute():
         runs_dir = root / runs_dir
+    if not (workerinput and "commbench_seed" in workerinput):  # (a worker's run is made)
+        _check_writable(runs_dir, "runs folder", lookup(config, "runs_dir")[1])
     model_name, model_where = lookup(config, "model")
     platform_name, platform_where = lookup(config, "platform")
     if platform_name == "auto":
@@ -443,16 +479,29 @@ def create(config: pytest.Config) -> CommbenchState:
                 f"{platform.name} has no GPUs")
         platform.place(int(per_gpu))
     resume_upto = None
-    if workerinput and "commbench_seed" in workerinput:
+    worker = bool(workerinput and "commbench_seed" in workerinput)
+    if worker:
         seed = workerinput["commbench_seed"]
         run_id = workerinput["commbench_run_id"]
         run_dir = Path(workerinput["commbench_run_dir"])
         resume_upto = workerinput.get("commbench_resume_upto")
+        run_lock = RunLock(run_dir)  # joined at the worker's first line (see below)
+        config.add_cleanup(run_lock.release)
     else:
         resume, resume_where = lookup(config, "resume")
         if resume:
             run_dir = _resume_dir(config, runs_dir, resume, resume_where)
             run_id = run_dir.name
+            run_lock = RunLock(run_dir)
+            config.add_cleanup(run_lock.release)
+            try:
+                run_lock.hold()  # before the log is touched: one session per run folder
+            except RunBusy as exc:
+                raise pytest.UsageError(f"{resume_where}: run {run_id} cannot be resumed now: "
+                                        f"{exc}") from None
+            except OSError as exc:
+                raise pytest.UsageError(f"{resume_where}: run {run_id} cannot be resumed: its "
+                                        f"folder cannot be locked ({exc})") from None
             seed, info = _resumed_seed(run_dir, given_seed, resume_where)
             for key, now in (("model", model.name), ("platform", platform.name)):
                 if info.get(key) not in (None, now):
@@ -465,8 +514,14 @@ def create(config: pytest.Config) -> CommbenchState:
             seed = given_seed if given_seed is not None else secrets.randbits(48)
             run_id = time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(3)
             run_dir = runs_dir / run_id
+            run_lock = RunLock(run_dir)  # taken when the run's file is written
+            config.add_cleanup(run_lock.release)
     scratch = setting(config, "scratch")
     work_dir = (Path(scratch).expanduser() / run_id if scratch else run_dir) / "work"
+    if not worker:
+        _check_writable(work_dir, "folder of the run's jobs",
+                        lookup(config, "scratch")[1] if scratch else
+                        lookup(config, "runs_dir")[1])
     timeout = setting(config, "timeout")
     reps = int(setting(config, "reps"))
     from .platforms import NAMES, PROFILES
@@ -497,8 +552,12 @@ def create(config: pytest.Config) -> CommbenchState:
         exclusive=not setting(config, "shared_node"),
         sandboxed=not setting(config, "unsandboxed"),
         check_only=bool(setting(config, "check_only")),
-        log=ResultsLog(run_dir / "results.jsonl"),
+        gpu_batch=bool(setting(config, "gpu_batch")),
+        log=ResultsLog(run_dir / "results.jsonl",
+                       # a worker shares its controller's hold from its first line on
+                       before_write=run_lock.join if worker else None),
         resume_upto=resume_upto,
+        run_lock=run_lock,
     )
     agent_name, agent_where = lookup(config, "agent")
     if agent_name and agent_name.strip().lower() not in ("off", "none"):

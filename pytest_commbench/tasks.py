@@ -10,7 +10,7 @@ import math
 import sys
 from collections.abc import Container
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 if sys.version_info >= (3, 11):
@@ -38,6 +38,11 @@ FIXTURES = ("nccl", "ipc", "nvshmem", "host-exchange")
 # GPU vendors a manifest's `vendors` may name (with those of the platform profiles)
 VENDORS = ("amd", "intel", "nvidia")
 DTYPES = ("float64", "float32", "float16", "bfloat16", "int64", "int32", "int8", "uint8")
+ITEMSIZE = {"float64": 8, "float32": 4, "float16": 2, "bfloat16": 2, "int64": 8, "int32": 4,
+            "int8": 1, "uint8": 1}
+MAX_COUNT = 1 << 31  # elements of one size
+MAX_BUFFER_BYTES = 1 << 34  # one rank's buffer of one size: 16 GiB
+MAX_CASE_BYTES = 1 << 36  # one buffer of one size over all ranks (the controller holds it): 64 GiB
 
 
 class ManifestError(Exception):
@@ -200,6 +205,54 @@ def _workspace(top: _Reader) -> int:
     return value
 
 
+def _task_file(top: _Reader, task_dir: Path, key: str, default: str) -> Path:
+    """A file the manifest names (`template`, `prompt`): a relative path inside the task's
+    folder, with no "..", that is a file and, links resolved, still lies inside the folder
+    (a link out of it could serve the hidden reference as the template)."""
+    name = top.get(key, str, default)
+    pure = PurePosixPath(name)
+    if not name.strip() or "\x00" in name or "\\" in name:
+        raise top.fail(key, f"{name!r} is not a file name")
+    if pure.is_absolute() or name.startswith("~"):
+        raise top.fail(key, f"{name!r} is an absolute path: a task's files lie in its folder")
+    if ".." in pure.parts:
+        raise top.fail(key, f"{name!r} climbs out of the task's folder ('..')")
+    path = task_dir / name
+    try:
+        real, root = path.resolve(strict=True), task_dir.resolve(strict=True)
+    except (OSError, RuntimeError):
+        raise top.fail(key, f"file {name} does not exist beside the manifest") from None
+    if real != root and root not in real.parents:
+        raise top.fail(key, f"{name!r} leads to {real}, outside the task's folder {root} "
+                            "(a symbolic link)")
+    if not real.is_file():
+        raise top.fail(key, f"file {name} does not exist beside the manifest")
+    return path
+
+
+def _sizes(top: _Reader, dtypes: tuple[str, ...], ranks: tuple[int, ...]) -> tuple[int, ...]:
+    """The sizes (elements per rank), each bounded: at most MAX_COUNT elements, a rank's
+    buffer at most MAX_BUFFER_BYTES and one buffer over all ranks at most MAX_CASE_BYTES
+    in the task's widest dtype (the controller makes every rank's inputs and the oracle's
+    answer)."""
+    sizes = top.ints("sizes", 0)
+    width = max((ITEMSIZE.get(d, 8) for d in dtypes), default=8)
+    world = max(ranks)
+    for count in sizes:
+        if count > MAX_COUNT:
+            raise top.fail("sizes", f"{count} elements is more than the {MAX_COUNT} (2^31) a "
+                                    "size may have")
+        if count * width > MAX_BUFFER_BYTES:
+            raise top.fail("sizes", f"{count} elements of {width} bytes is "
+                                    f"{count * width / 2**30:.1f} GiB per rank, more than "
+                                    f"{MAX_BUFFER_BYTES >> 30} GiB")
+        if count * width * world > MAX_CASE_BYTES:
+            raise top.fail("sizes", f"{count} elements of {width} bytes at {world} ranks is "
+                                    f"{count * width * world / 2**30:.1f} GiB per buffer, more "
+                                    f"than {MAX_CASE_BYTES >> 30} GiB")
+    return sizes
+
+
 def load_task(manifest: Path, suites_root: Path, platforms: Container[str] | None = None,
               vendors: Container[str] | None = None) -> Task:
     """Read and validate one task.toml. `platforms` and `vendors` are the names its lists may
@@ -224,12 +277,8 @@ def load_task(manifest: Path, suites_root: Path, platforms: Container[str] | Non
     task_dir = manifest.parent
 
     language = top.choice("language", tuple(LANGUAGES))
-    template = task_dir / top.get("template", str, "template" + LANGUAGES[language])
-    if not template.is_file():
-        raise top.fail("template", f"file {template.name} does not exist beside the manifest")
-    prompt = task_dir / top.get("prompt", str, "prompt.md")
-    if not prompt.is_file():
-        raise top.fail("prompt", f"file {prompt.name} does not exist beside the manifest")
+    template = _task_file(top, task_dir, "template", "template" + LANGUAGES[language])
+    prompt = _task_file(top, task_dir, "prompt", "prompt.md")
 
     check_data = top.get("check", dict)
     chk = _Reader(manifest, check_data, "check.")
@@ -271,6 +320,8 @@ def load_task(manifest: Path, suites_root: Path, platforms: Container[str] | Non
         relpath = task_dir.resolve().relative_to(suites_root.resolve()).as_posix()
     except ValueError:
         relpath = task_dir.name
+    ranks = top.ints("ranks", 1)
+    sizes = _sizes(top, check.dtypes, ranks)
     return Task(
         dir=task_dir,
         relpath=relpath,
@@ -283,10 +334,10 @@ def load_task(manifest: Path, suites_root: Path, platforms: Container[str] | Non
         entry=entry,
         platforms=top.strings("platforms", ..., platforms, "platform"),
         vendors=top.strings("vendors", (), vendors, "vendor"),
-        ranks=top.ints("ranks", 1),
+        ranks=ranks,
         requires=top.strings("requires", ()),
         timeout=float(timeout),
-        sizes=top.ints("sizes", 0),
+        sizes=sizes,
         forbid=top.strings("forbid", ()),
         fixtures=top.strings("fixtures", (), FIXTURES),
         workspace=_workspace(top),

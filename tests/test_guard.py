@@ -9,6 +9,7 @@ import shutil
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -55,15 +56,18 @@ print("done")
 """
 
 
-def run_guarded(tmp_path: Path, body: str, *, mpi: int = 0) -> tuple[subprocess.CompletedProcess, dict | None]:
+def run_guarded(tmp_path: Path, body: str, *, mpi: int = 0,
+                imports: str = "") -> tuple[subprocess.CompletedProcess, dict | None]:
     """Run `def run(scratch): <body>` as a solution under the guard (under mpiexec with
-    `mpi` ranks where given); its result and the guard's report."""
+    `mpi` ranks where given; the driver runs `imports` before installing it, as the harness
+    imports what it needs); its result and the guard's report."""
     scratch = tmp_path / "scratch"
     scratch.mkdir(exist_ok=True)
     solution = tmp_path / "solution.py"
     solution.write_text("def run(scratch):\n" + textwrap.indent(textwrap.dedent(body), "    ") + "\n")
     driver = tmp_path / "driver.py"
-    driver.write_text(DRIVER.format(imports="from mpi4py import MPI" if mpi else ""))
+    driver.write_text(DRIVER.format(imports="\n".join(
+        filter(None, ["from mpi4py import MPI" if mpi else "", imports]))))
     report = tmp_path / "guard_r0.json"
     argv = [sys.executable, str(driver), str(solution), str(report), str(scratch)]
     if mpi:
@@ -109,6 +113,244 @@ def test_audit_hook_refuses(tmp_path: Path, case: str) -> None:
     assert report is not None and report["forbidden"] == event, report
     assert "escaped" not in done.stdout  # the refusal sticks even where the error is caught
     assert not (tmp_path / "x").exists()
+
+
+# -- what runs: processes, FIFOs, shared memory, by any route (issue 20) -------------------------
+# One case per route: (solution body, the events any of which may refuse it, what the driver
+# imports before the guard is installed: a module the harness or a library loaded already).
+# A refusal must stick: the report names the event and the process ends with GUARD_EXIT.
+MKFIFO = "os.path.join(scratch, 'fifo')"
+SHM = "scratch.replace('/', '_')"  # a name of this test's own in /dev/shm
+FORK_EXEC_ARGS = "*[None] * 23"  # the stand-in refuses before it reads its arguments
+ROUTES = {
+    # (a) a new process or a new program
+    "os.fork": ("import os\nos.fork()", ("os.fork",), ""),
+    "os.forkpty": ("import os\nos.forkpty()", ("os.forkpty",), ""),
+    "pty.fork": ("import pty\npty.fork()", ("os.forkpty", "os.fork"), ""),
+    "pty.spawn": ("import pty\npty.spawn(['true'])", ("pty.spawn",), ""),
+    "os.posix_spawn": ("import os\nos.posix_spawn('/bin/true', ['true'], {})", ("os.posix_spawn",), ""),
+    "os.posix_spawnp": ("import os\nos.posix_spawnp('true', ['true'], {})", ("os.posix_spawn",), ""),
+    "os.execv": ("import os\nos.execv('/bin/true', ['true'])", ("os.exec",), ""),
+    "os.spawnv": ("import os\nos.spawnv(os.P_WAIT, '/bin/true', ['true'])", ("os.fork", "os.spawn"), ""),
+    "os.popen": ("import os\nos.popen('true').read()", ("subprocess.Popen",), ""),
+    "subprocess's fork_exec": (
+        "import subprocess\n"
+        "fork_exec = getattr(subprocess, '_fork_exec', None) or subprocess._posixsubprocess.fork_exec\n"
+        f"fork_exec({FORK_EXEC_ARGS})", ("_posixsubprocess.fork_exec",), ""),
+    "subprocess's fork_exec, loaded before": (
+        "import sys\nsub = sys.modules['subprocess']\n"
+        "fork_exec = getattr(sub, '_fork_exec', None) or sub._posixsubprocess.fork_exec\n"
+        f"fork_exec({FORK_EXEC_ARGS})", ("_posixsubprocess.fork_exec",), "import subprocess"),
+    "import _posixsubprocess": ("import _posixsubprocess", ("import _posixsubprocess",), ""),
+    "importlib.import_module": ("import importlib\nimportlib.import_module('_posixsubprocess')",
+                                ("import _posixsubprocess",), ""),
+    "_posixsubprocess under another name": (
+        "import _imp, importlib.machinery\n"
+        "spec = importlib.machinery.PathFinder.find_spec('_posixsubprocess')\n"
+        "if spec is None:  # built into this interpreter\n"
+        "    spec = importlib.machinery.ModuleSpec('_posixsubprocess', None)\n"
+        "    _imp.create_builtin(spec)\n"
+        "spec.name = 'helper._posixsubprocess'  # its PyInit name all the same\n"
+        "_imp.create_dynamic(spec)",
+        ("import helper._posixsubprocess", "import _posixsubprocess"), ""),
+    "_posixsubprocess's file under a plain name": (
+        "import _imp, importlib.machinery\n"
+        "spec = importlib.machinery.PathFinder.find_spec('_posixsubprocess')\n"
+        "if spec is None:\n"
+        "    _imp.create_builtin(importlib.machinery.ModuleSpec('_posixsubprocess', None))\n"
+        "spec.name = 'helper'\n"
+        "_imp.create_dynamic(spec)", ("import helper", "import _posixsubprocess"), ""),
+    "multiprocessing, fork": (
+        "import multiprocessing\nmultiprocessing.get_context('fork').Process(target=print).start()",
+        ("os.fork",), ""),
+    "multiprocessing's spawn and forkserver helper": (
+        "import multiprocessing.util\nmultiprocessing.util.spawnv_passfds('/bin/true', ['true'], [])",
+        ("import _posixsubprocess",), ""),
+    "multiprocessing.Pool": ("import multiprocessing\nmultiprocessing.Pool(2)",
+                             ("import _multiprocessing", "os.fork"), ""),
+    "ProcessPoolExecutor": (
+        "from concurrent.futures import ProcessPoolExecutor\nProcessPoolExecutor(2).submit(print).result()",
+        ("import _multiprocessing", "os.fork", "import _posixsubprocess"), ""),
+    # a fresh copy of a defanged module, or of the module that makes them
+    "a fresh posix from _imp": (
+        "import _imp, importlib.machinery\n"
+        "posix = _imp.create_builtin(importlib.machinery.ModuleSpec('posix', None))\n"
+        f"posix.mkfifo({MKFIFO})", ("import posix",), ""),
+    "a fresh posix from importlib": (
+        "import importlib.util\n"
+        "posix = importlib.util.module_from_spec(importlib.util.find_spec('posix'))\n"
+        f"posix.mkfifo({MKFIFO})", ("import posix",), ""),
+    "a fresh _imp": (
+        "import sys, importlib.machinery\n"
+        "imp = sys.modules['_imp'].create_builtin(importlib.machinery.ModuleSpec('_imp', None))\n"
+        "imp.create_builtin(importlib.machinery.ModuleSpec('posix', None))", ("import _imp",), ""),
+    "create_builtin with a str that is not one": (
+        "import _imp, types\nclass Name(str):\n    pass\n"
+        "_imp.create_builtin(types.SimpleNamespace(name=Name('posix')))",
+        ("_imp.create_builtin",), ""),
+    "sub-interpreters (3.13)": ("import _interpreters", ("import _interpreters",), ""),
+    "sub-interpreters (3.12)": ("import _xxsubinterpreters", ("import _xxsubinterpreters",), ""),
+    "CPython's test internals": ("import _testcapi", ("import _testcapi",), ""),
+    "CPython's internal test API": ("import _testinternalcapi", ("import _testinternalcapi",), ""),
+    # (b) FIFOs and device nodes (the controller would block opening one in the out folder)
+    "os.mkfifo": (f"import os\nos.mkfifo({MKFIFO})", ("os.mkfifo",), ""),
+    "os.mknod of a FIFO": (f"import os, stat\nos.mknod({MKFIFO}, stat.S_IFIFO | 0o600)",
+                           ("os.mknod",), ""),
+    "posix.mkfifo": (f"import os\nimport posix\nposix.mkfifo({MKFIFO})", ("os.mkfifo",), ""),
+    "mkfifo through a function's module": (f"import os\nos.stat.__self__.mkfifo({MKFIFO})",
+                                            ("os.mkfifo",), ""),
+    "mkfifo from os.supports_dir_fd": (
+        "import os\n"
+        f"[f for f in os.supports_dir_fd if f.__name__ == 'mkfifo'][0]({MKFIFO})", ("os.mkfifo",), ""),
+    "mkfifo from a class's globals": (
+        "import os\n"
+        "for cls in object.__subclasses__():\n"
+        "    g = getattr(cls.__dict__.get('__init__'), '__globals__', None)\n"
+        "    if isinstance(g, dict) and 'mkfifo' in g:\n"
+        f"        g['mkfifo']({MKFIFO})", ("os.mkfifo",), ""),
+    "mkfifo through __builtins__": (
+        f"import os\n__builtins__['__import__']('posix').mkfifo({MKFIFO})", ("os.mkfifo",), ""),
+    # (c) shared memory and semaphores outside the harness
+    "import _posixshmem": ("import _posixshmem", ("import _posixshmem",), ""),
+    "multiprocessing.shared_memory": (
+        "from multiprocessing import shared_memory\nshared_memory.SharedMemory(create=True, size=4096)",
+        ("import _posixshmem",), ""),
+    "shared_memory, loaded before": (
+        "import sys\nsm = sys.modules['multiprocessing.shared_memory']\n"
+        f"sm.SharedMemory(name={SHM}, create=True, size=4096)",
+        ("_posixshmem.shm_open",), "import multiprocessing.shared_memory"),
+    "_posixshmem, loaded before": (
+        "import os, sys\n"
+        "sys.modules['multiprocessing.shared_memory']._posixshmem.shm_open("
+        f"'/' + {SHM}, os.O_CREAT | os.O_RDWR, 0o600)",
+        ("_posixshmem.shm_open",), "import multiprocessing.shared_memory"),
+    "a file in /dev/shm": (f"import os\nos.open('/dev/shm/' + {SHM}, os.O_RDWR | os.O_CREAT)",
+                           ("open",), ""),
+    "a named semaphore": ("import multiprocessing\nmultiprocessing.Lock()",
+                          ("import _multiprocessing",), ""),
+    # (d) the guard's own state, reached through the formatter the harness keeps
+    "the formatter's closure": (
+        "import sys, threading\n"
+        "seen, todo = set(), [sys.modules['__main__'].describe]\n"
+        "while todo:\n"
+        "    f = todo.pop()\n"
+        "    for cell in getattr(f, '__closure__', None) or ():\n"
+        "        value = cell.cell_contents\n"
+        "        if type(value) is set:\n"
+        "            value.add(threading.get_ident())\n"
+        "        elif callable(value) and id(value) not in seen:\n"
+        "            seen.add(id(value))\n"
+        "            todo.append(value)\n"
+        "(lambda: 1).__code__", ("object.__getattr__",), ""),
+}
+
+
+@pytest.mark.parametrize("case", list(ROUTES))
+def test_guard_sees_what_runs(tmp_path: Path, case: str) -> None:
+    body, events, imports = ROUTES[case]
+    body += "\nprint('escaped')"
+    done, report = run_guarded(tmp_path, body, imports=imports)
+    out = done.stdout + done.stderr
+    assert done.returncode == GUARD_EXIT, out
+    assert report is not None and report["forbidden"] in events, (report, out)
+    assert "escaped" not in done.stdout
+    assert not (tmp_path / "scratch" / "fifo").exists()
+    shm = Path("/dev/shm") / str(tmp_path / "scratch").replace("/", "_")
+    assert not shm.exists()
+
+
+def test_guard_lets_the_honest_path_through(tmp_path: Path) -> None:
+    """What the guard replaces or refuses is not what honest code needs: threads (clone3 is
+    answered ENOSYS by the seccomp filter, clone with CLONE_THREAD is let through), modules
+    that import subprocess or posix, built-in modules made afresh through the gate, pipes,
+    files and their memory maps in the scratch folder."""
+    body = """
+        import importlib, mmap, os, sys, threading
+        from concurrent.futures import ThreadPoolExecutor
+        import numpy as np
+        import numpy.testing  # imports subprocess
+        import posix, shutil, subprocess, multiprocessing
+        got = []
+        t = threading.Thread(target=lambda: got.append(np.arange(4).sum()))
+        t.start()
+        t.join()
+        with ThreadPoolExecutor(4) as pool:
+            got += pool.map(lambda i: i * i, range(8))
+        assert got == [6] + [i * i for i in range(8)], got
+        made = [n for n in sys.builtin_module_names
+                if n not in sys.modules and n not in ("posix", "_imp", "xxsubtype")]
+        for name in made:  # through importlib and the stand-in of _imp.create_builtin
+            importlib.import_module(name)
+        r, w = os.pipe()
+        os.write(w, b"x")
+        assert os.read(r, 1) == b"x"
+        path = os.path.join(scratch, "m")
+        with open(path, "wb") as f:
+            f.write(bytes(4096))
+        with open(path, "r+b") as f, mmap.mmap(f.fileno(), 4096) as m:
+            m[:1] = b"y"
+        shutil.rmtree(os.path.join(scratch, "t"), ignore_errors=True)
+        os.makedirs(os.path.join(scratch, "t", "u"))
+        shutil.rmtree(os.path.join(scratch, "t"))
+        assert os.stat(path).st_size == 4096 and posix.stat(path).st_size == 4096
+        assert multiprocessing.cpu_count() >= 1
+        print("made", made)
+    """
+    done, report = run_guarded(tmp_path, body)
+    assert report is None, (report, done.stdout + done.stderr)
+    assert done.returncode == 0 and "done" in done.stdout, done.stdout + done.stderr
+
+
+# the real functions, kept where the guard's sweep does not replace them (a tuple): what a
+# route nobody listed would reach. The seccomp filter makes them fail.
+SECCOMP_DRIVER = """\
+import os, sys, _posixsubprocess
+KEPT = (_posixsubprocess.fork_exec, os.mkfifo, os.mknod)
+""" + DRIVER
+
+SECCOMP_BODY = """
+import os, sys
+if getattr(run, "done", False):
+    return
+run.done = True
+fork_exec, mkfifo, mknod = sys.modules["__main__"].KEPT
+r, w = os.pipe()
+try:
+    fork_exec([b"/bin/sh", b"-c", b"echo > " + os.fsencode(os.path.join(scratch, "ran"))],
+              [b"/bin/sh"], True, (w,), None, None, -1, -1, -1, -1, -1, -1, r, w, False, False,
+              -1, None, None, None, -1, None, True)
+    print("fork_exec: no error")
+except OSError as exc:
+    print("fork_exec", exc.errno)
+for make in (lambda p: mkfifo(p), lambda p: mknod(p, 0o10600)):
+    try:
+        make(os.path.join(scratch, "fifo"))
+        print("fifo: no error")
+    except OSError as exc:
+        print("fifo", exc.errno)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux") or os.uname().machine not in ("x86_64", "aarch64"),
+                    reason="the seccomp backstop is for Linux on x86_64 and aarch64")
+def test_seccomp_backstop(tmp_path: Path) -> None:
+    """A process or a FIFO asked for by a route the hook does not know (here: the real
+    functions, kept before the guard was installed) fails with EPERM: nothing runs."""
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    solution = tmp_path / "solution.py"
+    solution.write_text("def run(scratch):\n" + textwrap.indent(SECCOMP_BODY, "    ") + "\n")
+    driver = tmp_path / "driver.py"
+    driver.write_text(SECCOMP_DRIVER.format(imports=""))
+    report = tmp_path / "guard_r0.json"
+    done = subprocess.run([sys.executable, str(driver), str(solution), str(report), str(scratch)],
+                          capture_output=True, text=True, env=ENV, timeout=120, cwd=tmp_path)
+    out = done.stdout + done.stderr
+    assert done.returncode == 0 and "done" in done.stdout, out
+    assert guard_report(report) is None, out
+    assert done.stdout.split()[:6] == ["fork_exec", "1", "fifo", "1", "fifo", "1"], out
+    time.sleep(0.2)
+    assert not (scratch / "ran").exists() and not (scratch / "fifo").exists(), out
 
 
 @needs_mpiexec

@@ -226,9 +226,12 @@ def test_the_venvs_python_and_mpiexec_run_inside(tmp_path):
     if mpiexec is None:
         pytest.skip("no mpiexec")
     job = _job(tmp_path)
+    # each rank's line in one write: the launcher forwards output as it is written, so a
+    # line printed in pieces (print's arguments, unbuffered) may interleave with another's
     code = ("import sys; from mpi4py import MPI; import numpy as np; c = MPI.COMM_WORLD; "
             "y = np.empty(4); c.Allreduce(np.full(4, c.rank + 1.0), y); "
-            "print('RANK', c.rank, c.size, y.sum(), sys.prefix, flush=True)")
+            "sys.stdout.write(f'RANK {c.rank} {c.size} {y.sum()} {sys.prefix}\\n'); "
+            "sys.stdout.flush()")
     argv = [mpiexec, "-n", "2", "--oversubscribe", sys.executable, "-c", code]
     env = {**mpi_env(), "TMPDIR": "/tmp"}
     project = Path(sandbox.__file__).resolve().parent.parent

@@ -259,10 +259,10 @@ class NativeSolution:
         self.run = self.lib.commbench_run
         self.run.argtypes = [ctypes.POINTER(CommbenchCtx)]
         self.run.restype = ctypes.c_int
-        self.ctx = CommbenchCtx()
-        self.mapped: list[int] = []
-        self.key: tuple = ()
+        self.mapped: list[int] = []  # every peer pointer this rank opened (closed by forget)
+        self.ctxs: dict[tuple, CommbenchCtx] = {}  # per buffer set of the current layout
         self._callbacks()
+        self.ctx = self._new_ctx()
 
     def _callbacks(self) -> None:
         h = self.world.harness
@@ -302,44 +302,66 @@ class NativeSolution:
         # keep references: ctypes callbacks die with their Python objects
         self._cbs = (fields["allgather"](allgather), fields["broadcast"](broadcast),
                      fields["barrier"](barrier))
-        self.ctx.allgather, self.ctx.broadcast, self.ctx.barrier = self._cbs
 
-    def prepare(self, buffers: list[Any], params: list[int], fresh: bool = True) -> None:
-        """Fill the context for these buffers. `fresh`: the harness allocated them in this
-        call, which every rank does at the same call (a new layout or a new case): then, and
-        only then, the peers' buffers are mapped through CUDA IPC, a collective. (A
-        collective on every call would deadlock with a late rank, prepared only at its gate
-        while the others wait in their preparation.)"""
-        w, c = self.world, self.ctx
-        self.host_ok = fresh or self.every_call
-        if len(buffers) > MAX_BUFFERS or len(params) > MAX_PARAMS:
-            raise ValueError("too many buffers or parameters for the C ABI")
+    def forget(self) -> None:
+        """A new layout (every rank at the same call): the contexts of the old buffers and
+        their peers' mappings go."""
+        if self.mapped:
+            self.world.close(self.mapped)
+            self.mapped = []
+        self.ctxs.clear()
+
+    def _new_ctx(self) -> CommbenchCtx:
+        w, c = self.world, CommbenchCtx()
         c.rank, c.world_size, c.local_rank, c.device = w.rank, w.size, w.local_rank, w.device
         c.stream = w.stream.ptr
         c.nccl_comm = w.nccl_ptr
-        c.num_buffers = len(buffers)
-        ptrs = [b.data.ptr for b in buffers]
-        for i, b in enumerate(buffers):
-            c.buffers[i] = ptrs[i]
-            c.buffer_bytes[i] = b.nbytes
-        if self.ipc and (fresh or not self.key):
-            if self.mapped:
-                w.close(self.mapped)
-            mapped = w.exchange(ptrs)
-            self.mapped = [p for i, row in enumerate(mapped) for r, p in enumerate(row)
-                           if r != w.rank]
-            for i, row in enumerate(mapped):
-                for r, p in enumerate(row):
-                    c.peer_buffers[r][i] = p
-            self.key = tuple(ptrs)
+        c.allgather, c.broadcast, c.barrier = self._cbs
         if w.workspace is not None:
             c.workspace = w.workspace.data.ptr
             c.workspace_bytes = w.workspace.nbytes
             for r, p in enumerate(w.peer_workspace):
                 c.peer_workspace[r] = p
+        return c
+
+    def prepare(self, buffers: list[Any], params: list[int], fresh: bool = True) -> None:
+        """Fill the context for these buffers: one context per buffer set, kept while the
+        layout lasts (a batch of calls has a set, and a context, per call). `fresh`: the
+        harness allocated them in this call, which every rank does at the same call (a new
+        layout or a new case, after `forget`): then, and only then, the peers' buffers are
+        mapped through CUDA IPC, a collective (a collective on every call would deadlock
+        with a late rank, prepared only at its gate while the others wait in their
+        preparation)."""
+        w = self.world
+        if len(buffers) > MAX_BUFFERS or len(params) > MAX_PARAMS:
+            raise ValueError("too many buffers or parameters for the C ABI")
+        ptrs = tuple(b.data.ptr for b in buffers)
+        c = self.ctxs.get(ptrs)
+        if c is None:
+            c = self._new_ctx()
+            c.num_buffers = len(buffers)
+            for i, b in enumerate(buffers):
+                c.buffers[i] = ptrs[i]
+                c.buffer_bytes[i] = b.nbytes
+            if self.ipc and fresh:
+                mapped = w.exchange(list(ptrs))
+                self.mapped += [p for row in mapped for r, p in enumerate(row) if r != w.rank]
+                for i, row in enumerate(mapped):
+                    for r, p in enumerate(row):
+                        c.peer_buffers[r][i] = p
+            self.ctxs[ptrs] = c
         c.num_params = len(params)
         for i, p in enumerate(params):
             c.params[i] = int(p)
+        self.ctx = c
+        self.host_ok = fresh or self.every_call
+
+    def current(self) -> tuple[CommbenchCtx, bool]:
+        """The context `prepare` filled last (a batch keeps one per call, see `use`)."""
+        return self.ctx, self.host_ok
+
+    def use(self, state: tuple[CommbenchCtx, bool]) -> None:
+        self.ctx, self.host_ok = state
 
     def __call__(self) -> None:
         rc = self.run(ctypes.byref(self.ctx))

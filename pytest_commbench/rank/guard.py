@@ -14,8 +14,20 @@ reaches for what would get around the task's rules or the harness:
   `get_referents`, `sys.settrace` / `setprofile`, `sys.monitoring.register_callback`,
   `sys.addaudithook`, writes to `function.__code__` and to the harness's classes
   (`object.__setattr__`), sub-interpreters (they would run without this hook);
-- processes: `os.system`, `os.exec*`, `os.posix_spawn*`, `os.spawn*`, `os.fork`,
-  `os.forkpty`, `subprocess.Popen`;
+- processes, FIFOs and shared memory, by any route: `os.system`, `os.exec*`,
+  `os.posix_spawn*`, `os.spawn*`, `os.fork`, `os.forkpty`, `pty.spawn`, `subprocess.Popen`
+  (their own events); `_posixsubprocess.fork_exec` (what Popen and multiprocessing call
+  underneath), `os.mkfifo` / `os.mknod` and `_posixshmem.shm_open` / `shm_unlink` raise no
+  event, so `install` replaces them, wherever a reference to them is kept (module dicts of
+  os, posix, subprocess, _posixsubprocess, _posixshmem; os.supports_* sets), by functions
+  that raise one; importing the private modules that hand such things out (`_BLOCKED`:
+  _posixsubprocess, _posixshmem, _multiprocessing, the sub-interpreter and CPython test
+  modules) is refused by name, by the name an extension's init function is looked up by and
+  by its file's name; and `_imp.create_builtin` (how importlib makes built-in modules, with
+  no event) is replaced by a gate that lets the hook refuse a fresh copy of posix, of _imp or
+  of a blocked module. Behind all of it a seccomp filter (x86_64, aarch64) makes fork, vfork,
+  clone without CLONE_THREAD, execve, execveat and mknod* fail with EPERM for routes nobody
+  listed (native code of the installation included): harmless, though not reported;
 - the filesystem: opening for anything but reading outside the `writable` folders, removing,
   renaming, creating folders, changing modes or times outside them, links of any kind,
   descriptors of folders outside them and relative paths that climb with ".." (a folder's
@@ -39,7 +51,9 @@ libraries lazily (cupy: `getattr(cupy_backends.cuda.libs, name)` for cublas, cus
 cusparse, curand, nccl, nvrtc, and compile one kernel; it dlopens them with ctypes on first
 use); point TMPDIR / `tempfile.tempdir` and CUPY_CACHE_DIR into `writable`; arm the preloaded
 interposer (`ctypes.CDLL(None).commbench_guard_arm()`: ctypes is refused afterwards);
-`install(...)`; load the solution (importlib or compile+exec of its file, once). After install
+`install(...)`; load the solution (importlib or compile+exec of its file, once). `install`
+imports subprocess (so a later `import subprocess` needs no _posixsubprocess); after it the
+process, the harness included, starts no process and makes no FIFO. After install
 no module of `hidden_modules` can be imported, the harness's own lazy imports included; the
 harness must not use `traceback` / `logging` / `inspect` (they read frames): the formatter
 that `install` returns describes a solution's exception safely.
@@ -47,11 +61,15 @@ that `install` returns describes a solution's exception safely.
 This module imports nothing from the package and only the standard library. The hook binds
 every function it uses when it is installed and never calls the solution's code (no
 isinstance, hashing, __fspath__ or __str__ of its objects), so patching `os`, `json`,
-builtins or pathlib changes nothing in it.
+builtins or pathlib changes nothing in it. A function's closure and `__globals__` raise no
+audit event, so every function of the guard a solution can reach (the formatter the harness
+keeps, the stand-ins, the gate) holds none of the hook's state: the hook knows the formatter
+by its code object.
 """
 
 from __future__ import annotations
 
+import _imp
 import _thread
 import ast
 import collections
@@ -61,6 +79,7 @@ import pathlib
 import stat
 import sys
 import sysconfig
+import types
 from collections.abc import Callable
 from importlib.util import cache_from_source
 
@@ -82,7 +101,40 @@ _ALWAYS = {
     "subprocess.Popen": "a new process", "_posixsubprocess.fork_exec": "a new process",
     "os.startfile": "a new process", "pty.spawn": "a new process",
     "os.symlink": "a link", "os.link": "a link",
+    # no audit event of their own: the functions are replaced by ones that raise these
+    "os.mkfifo": "a FIFO", "os.mknod": "a FIFO or device node",
+    "_posixshmem.shm_open": "shared memory outside the harness",
+    "_posixshmem.shm_unlink": "shared memory outside the harness",
+    "_multiprocessing.sem_unlink": "a named semaphore outside the harness",
 }
+# private modules no solution may import (nor have _imp make): each hands out what no audit
+# event shows, or CPython's test internals
+_PROCESS, _SHM, _INTERP, _TESTS = ("a new process (fork_exec raises no audit event)",
+                                   "shared memory or semaphores outside the harness",
+                                   "a sub-interpreter (it would run without this hook)",
+                                   "CPython's test internals")
+_BLOCKED = {
+    "_posixsubprocess": _PROCESS, "_posixshmem": _SHM, "_multiprocessing": _SHM,
+    "_xxsubinterpreters": _INTERP, "_xxinterpchannels": _INTERP, "_xxinterpqueues": _INTERP,
+    "_interpreters": _INTERP, "_interpchannels": _INTERP, "_interpqueues": _INTERP,
+    "_remote_debugging": "reading other processes' memory",
+    **{name: _TESTS for name in (
+        "_testcapi", "_testinternalcapi", "_testbuffer", "_testmultiphase", "_testsinglephase",
+        "_testimportmultiple", "_testclinic", "_testclinic_limited", "_testlimitedcapi",
+        "_testexternalinspection", "_xxtestfuzz", "_ctypes_test", "xxlimited", "xxlimited_35",
+        "xxsubtype", "_testconsole")},
+}
+_BLOCKED_PREFIXES = ("_test", "_xx")  # of top-level names: test modules of later versions
+# built-in modules of which _imp must not make a fresh copy (the loaded one is defanged)
+_NO_COPY = {"posix": "a fresh copy of posix (fork_exec's and mkfifo's module)",
+            "_imp": "a fresh copy of _imp (it makes built-in modules)"}
+# functions that raise no audit event, replaced wherever a reference to them is kept (module
+# dicts, os.supports_* sets): (module, name, the event their replacement raises)
+_DEFANGED = (("posix", "mkfifo", "os.mkfifo"), ("posix", "mknod", "os.mknod"),
+             ("_posixsubprocess", "fork_exec", "_posixsubprocess.fork_exec"),
+             ("_posixshmem", "shm_open", "_posixshmem.shm_open"),
+             ("_posixshmem", "shm_unlink", "_posixshmem.shm_unlink"),
+             ("_multiprocessing", "sem_unlink", "_multiprocessing.sem_unlink"))
 _NATIVE_MODULES = ("ctypes", "_ctypes", "cffi", "_cffi_backend")
 _CTYPES = "native calls through ctypes"
 # path-writing events: (argument positions of paths, of dir_fds)
@@ -182,11 +234,143 @@ def _known_callers() -> tuple[tuple[object, dict], ...]:
     return tuple(found)
 
 
+def _refusing(event: str, audit: Callable) -> Callable:
+    """The stand-in of a function that raises no audit event: it raises `event` (the hook
+    ends the process) and, should the event ever come back, does nothing. It holds nothing of
+    the guard's: a solution can read any function's closure."""
+    def refused(*args: object, **kwargs: object) -> None:
+        audit(event)
+        raise PermissionError(event + " is refused by the commbench guard")
+
+    refused.__name__ = refused.__qualname__ = event.rpartition(".")[2]
+    return refused
+
+
+def _builtin_gate(audit: Callable) -> Callable:
+    """The stand-in of `_imp.create_builtin`, with which importlib makes every built-in
+    module: the hook checks the name and makes the module (only the hook holds the real
+    function, so no fresh, undefanged copy of posix or _imp can be had)."""
+    def create_builtin(spec: object) -> object:
+        box: list = []
+        audit("_imp.create_builtin", spec.name, box)
+        if len(box) != 1:
+            raise ImportError("the commbench guard made no module")
+        return box[0]
+
+    return create_builtin
+
+
+def _defang(audit: Callable) -> Callable:
+    """Replace the functions of `_DEFANGED` and `_imp.create_builtin` wherever a reference to
+    them is kept (module dicts, os.supports_* sets; found as their referrers); returns the
+    real create_builtin. subprocess is imported first, so a later `import subprocess`
+    (numpy.testing has one) finds it without importing _posixsubprocess, which is refused."""
+    import gc
+
+    try:
+        import subprocess  # noqa: F401 - imported for the modules that import it later
+    except ImportError:
+        pass
+    builtin = type(len)
+    originals, stand_ins = [], []
+    for module_name, attr, event in _DEFANGED:
+        fn = getattr(sys.modules.get(module_name), attr, None)
+        if type(fn) is builtin:
+            originals.append(fn)
+            stand_ins.append(_refusing(event, audit))
+    real = _imp.create_builtin
+    if type(real) is builtin:
+        originals.append(real)
+        stand_ins.append(_builtin_gate(audit))
+    by_id = {id(o): s for o, s in zip(originals, stand_ins)}
+    for holder in gc.get_referrers(*originals):
+        if type(holder) is dict:
+            for key, value in list(holder.items()):
+                if id(value) in by_id:
+                    holder[key] = by_id[id(value)]
+        elif type(holder) is list:
+            for i, value in enumerate(holder):
+                if id(value) in by_id:
+                    holder[i] = by_id[id(value)]
+        elif type(holder) is set:
+            for value in [v for v in holder if id(v) in by_id]:
+                holder.discard(value)
+                holder.add(by_id[id(value)])
+    return real
+
+
+# the seccomp backstop: per machine, (audit arch, seccomp's number, calls refused with EPERM
+# (fork, vfork, execve, execveat, mknod, mknodat), clone, clone3, x32's bit)
+_SECCOMP = {"x86_64": (0xC000003E, 317, (57, 58, 59, 322, 133, 259), 56, 435, 0x40000000),
+            "aarch64": (0xC00000B7, 277, (221, 281, 33), 220, 435, None)}
+
+
+def _seccomp() -> bool:
+    """A seccomp filter on every thread of the process: no new process (fork, vfork, clone
+    without CLONE_THREAD; clone3 answers ENOSYS, so the C library falls back to clone for
+    threads), no new program (execve, execveat) and no FIFO or device node (mknod*) by any
+    route, Python or native; they fail with EPERM. It backs up the hook for routes nobody
+    listed (the hook refuses every route it knows first). False where it cannot be set."""
+    import ctypes
+
+    spec = _SECCOMP.get(os.uname().machine)
+    if spec is None or sys.byteorder != "little":
+        return False
+    arch, nr_seccomp, denied, clone, clone3, x32 = spec
+    ld, jeq, jge, jset, ret = 0x20, 0x15, 0x35, 0x45, 0x06
+    allow, eperm, enosys = 0x7FFF0000, 0x00050000 | 1, 0x00050000 | 38
+    code: list = [(ld, 0, 0, 4), (jeq, 0, "deny", arch), (ld, 0, 0, 0)]
+    if x32 is not None:
+        code.append((jge, "deny", 0, x32))
+    code += [(jeq, "deny", 0, nr) for nr in denied]
+    code += [(jeq, "enosys", 0, clone3), (jeq, "clone", 0, clone), (ret, 0, 0, allow),
+             "clone", (ld, 0, 0, 16), (jset, "allow", "deny", 0x00010000),  # CLONE_THREAD
+             "allow", (ret, 0, 0, allow), "enosys", (ret, 0, 0, enosys), "deny", (ret, 0, 0, eperm)]
+    at, n = {}, 0
+    for item in code:
+        if isinstance(item, str):
+            at[item] = n
+        else:
+            n += 1
+    program, n = [], 0
+    for item in code:
+        if isinstance(item, str):
+            continue
+        op, jt, jf, k = item
+        jt = at[jt] - n - 1 if isinstance(jt, str) else jt
+        jf = at[jf] - n - 1 if isinstance(jf, str) else jf
+        program.append((op, jt, jf, k))
+        n += 1
+
+    class Filter(ctypes.Structure):
+        _fields_ = [("code", ctypes.c_ushort), ("jt", ctypes.c_ubyte), ("jf", ctypes.c_ubyte),
+                    ("k", ctypes.c_uint32)]
+
+    class Program(ctypes.Structure):
+        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(Filter))]
+
+    table = (Filter * len(program))(*[Filter(*ins) for ins in program])
+    prog = Program(len(program), table)
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        ulong, long_ = ctypes.c_ulong, ctypes.c_long
+        if libc.prctl(38, ulong(1), ulong(0), ulong(0), ulong(0)) != 0:  # PR_SET_NO_NEW_PRIVS
+            return False
+        libc.syscall.restype = long_
+        # SECCOMP_SET_MODE_FILTER with SECCOMP_FILTER_FLAG_TSYNC: every thread at once
+        if libc.syscall(long_(nr_seccomp), ulong(1), ulong(1), ctypes.byref(prog)) == 0:
+            return True
+        # this thread and the threads it starts (the solution's), where TSYNC is refused
+        return libc.prctl(22, ulong(2), ctypes.byref(prog), ulong(0), ulong(0)) == 0
+    except (OSError, AttributeError):
+        return False
+
+
 def install(*, solution: str, writable: list[str], report: str,
-            hidden_modules: list[str]) -> Callable[[BaseException], str]:
+            hidden_modules: list[str], seccomp: bool = True) -> Callable[[BaseException], str]:
     """Install the guard (once per process; it cannot be removed). Returns a function that
     formats a solution's exception with its traceback without tripping the guard (the only
-    safe way to read frames afterwards)."""
+    safe way to read frames afterwards). `seccomp`: set the seccomp backstop too."""
     # Everything the hook uses is bound here: a solution may patch os, json, builtins or
     # pathlib. Nothing in the hook runs the solution's code either (no isinstance, which
     # reads __class__; no hashing or comparing of its objects; no __fspath__ / __str__):
@@ -212,6 +396,8 @@ def install(*, solution: str, writable: list[str], report: str,
     _always, _path_events, _pickle_ok = dict(_ALWAYS), dict(_PATH_EVENTS), frozenset(_PICKLE_OK)
     _path_classes, _path_slot = _PATH_CLASSES, _PATH_SLOT
     _native, _GUARD_EXIT, _CTYPES_ = _NATIVE_MODULES, GUARD_EXIT, _CTYPES
+    _blocked_, _blocked_prefixes, _no_copy = dict(_BLOCKED), _BLOCKED_PREFIXES, dict(_NO_COPY)
+    _list, _list_append, _namespace, _TESTS_ = list, list.append, types.SimpleNamespace, _TESTS
     _loading = frozenset({"ctypes.dlopen", "ctypes.dlsym", "ctypes.dlsym/handle"})
     O_RDONLY, O_CLOEXEC, O_DIRECTORY, WRITE_FLAGS = os.O_RDONLY, os.O_CLOEXEC, _O_DIRECTORY, _WRITE_FLAGS
     O_REPORT = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC
@@ -232,7 +418,6 @@ def install(*, solution: str, writable: list[str], report: str,
     left = {"compile": 1, "exec": 1}  # the solution's own module, loaded once
     last_pyc: dict[int, str] = {}  # per thread: the installation .pyc it opened last
     busy: set[int] = set()  # threads inside the hook (the events it causes itself pass)
-    formatting: set[int] = set()  # threads inside the returned formatter
     # a descriptor kept free for the report (a solution may have used up the rest); the report
     # file itself is only created on a refusal, so an empty file never stands for one
     reserve = os.open(os.devnull, O_RDONLY | O_CLOEXEC)
@@ -328,10 +513,27 @@ def install(*, solution: str, writable: list[str], report: str,
     def where(path: str) -> str:
         return _normal_(path, _getcwd())
 
+    def blocked(name: str, path: str | None) -> str | None:
+        """Why a module may not be imported (an extension module loaded from `path`):
+        by its name, the name its init function is looked up by, or its file's name."""
+        short = name.rpartition(".")[2]
+        stem = path.rpartition("/")[2].partition(".")[0] if path else ""
+        for candidate in (name, short, stem):
+            if candidate in _blocked_:
+                return _blocked_[candidate]
+        if "." not in name and name.startswith(_blocked_prefixes):
+            return _TESTS_
+        return None
+
     def on_import(args: tuple) -> None:
         name = args[0]
         if _type(name) is not _str:
             refuse("import", name)
+        name = _str_copy(name)
+        extension = fs_text(args[1]) if _len(args) > 1 and args[1] is not None else None
+        reason = blocked(name, extension)
+        if reason is not None:
+            refuse("import " + name, reason)
         if (name in _native or name.startswith(("ctypes.", "cffi."))) and not import_time():
             refuse("import " + name, "native calls through " + name)
         if name.startswith(hidden):
@@ -495,6 +697,16 @@ def install(*, solution: str, writable: list[str], report: str,
             if _type(module) is _str and module.startswith(hidden):
                 refuse("object.__setattr__", "a class of the harness: " + module)
 
+    def on_create_builtin(args: tuple) -> None:
+        """`_imp.create_builtin`'s stand-in asks (name, box): refused for the blocked
+        modules and for posix and _imp themselves; the module is made by the hook."""
+        if _len(args) != 2 or _type(args[0]) is not _str or _type(args[1]) is not _list:
+            refuse("_imp.create_builtin", "a request the guard cannot read")
+        name = args[0]
+        reason = _no_copy.get(name) or blocked(name, None)
+        if reason is not None:
+            refuse("import " + name, reason)
+
     def on_getframe(args: tuple) -> None:
         if called_from() is None and not import_time():  # the stdlib's readers of their
             refuse("sys._getframe", "frame introspection")  # caller's module name pass
@@ -509,7 +721,8 @@ def install(*, solution: str, writable: list[str], report: str,
                 "exec": lambda args: runnable(args[0], "exec"),
                 "function.__new__": lambda args: runnable(args[0], "function.__new__"),
                 "marshal.loads": on_marshal, "object.__setattr__": on_setattr,
-                "pickle.find_class": on_pickle, "sys._getframe": on_getframe}
+                "pickle.find_class": on_pickle, "sys._getframe": on_getframe,
+                "_imp.create_builtin": on_create_builtin}
     for event in _path_events:
         handlers[event] = (lambda args, event=event: on_path(event, args))
 
@@ -522,13 +735,18 @@ def install(*, solution: str, writable: list[str], report: str,
                     return  # the fast path: every other event
                 reason = _CTYPES_
             ident = _ident()
-            if ident in busy or (event == "object.__getattr__" and ident in formatting):
+            if ident in busy:
                 return
             if event == "object.__getattr__" or event in _loading:
                 busy.add(ident)
-                try:  # a module of the installation being imported may read its functions'
-                    if import_time() and loadable(event, args):  # __code__, or load a
-                        return                                   # library of the machine
+                try:  # the returned formatter reading a traceback (known by its code: a
+                    # solution can call it, but nothing else can run as it); a module of the
+                    # installation being imported may read its functions' __code__, or load
+                    # a library of the machine
+                    if event == "object.__getattr__" and _getframe(1).f_code is _format_code:
+                        return
+                    if import_time() and loadable(event, args):
+                        return
                 finally:
                     busy.discard(ident)
             refuse(event, reason)
@@ -542,32 +760,100 @@ def install(*, solution: str, writable: list[str], report: str,
             refuse(event, "the guard could not check it: " + _type_name(_type(exc)))
         finally:
             busy.discard(ident)
+        if event == "_imp.create_builtin":  # allowed: made here, its own events checked
+            _list_append(args[1], _create_builtin(_namespace(name=args[0], origin="built-in")))
 
     def format_exception(exc: BaseException, limit: int = 4000) -> str:
         """`Type: message` and the traceback's file:line entries, without running any of the
-        solution's code (no __str__ / __repr__ / __getattr__ of its objects)."""
-        ident = _ident()
+        solution's code (no __str__ / __repr__ / __getattr__ of its objects). The message is
+        the exception's arguments, each shown from what it is, never by asking it: text,
+        bytes, numbers, None and booleans as they are, tuples and lists of them (a few levels
+        deep), a numpy dtype by its scalar type's name (numpy's MemoryError carries a shape
+        and a dtype), anything else as `<TypeName>`."""
         lines = ["Traceback (most recent call last):"]
-        formatting.add(ident)
-        try:
-            tb = _exc_tb(exc)
-            while tb is not None and _len(lines) < 60:
-                code = tb.tb_frame.f_code
-                lines.append('  File "' + text(code.co_filename) + '", line '
-                             + _int_repr(tb.tb_lineno) + ", in " + text(code.co_name))
-                tb = tb.tb_next
-        finally:
-            formatting.discard(ident)
-        message = ", ".join(text(a) for a in _exc_args(exc))
-        lines.append(_type_name(_type(exc)) + ": " + message)
+        tb = _exc_tb(exc)
+        while tb is not None and _len(lines) < 60:
+            code = tb.tb_frame.f_code
+            lines.append('  File "' + text(code.co_filename) + '", line '
+                         + _int_repr(tb.tb_lineno) + ", in " + text(code.co_name))
+            tb = tb.tb_next
+        # what is read of a value goes through the built-in types' own slots and numpy's C
+        # descriptors (type checked), so no method of the solution's can run here
+        type_dict = _type_type.__dict__
+        mro_of, dict_of = type_dict["__mro__"].__get__, type_dict["__dict__"].__get__
+        getset, member = _type(type_dict["__dict__"]), _type(type_dict["__dictoffset__"])
+        _float, _complex, _tuple = _type(0.0), _type(0j), _type(())
+        float_repr, complex_repr = _float.__repr__, _complex.__repr__
+        tuple_items, list_items = _tuple.__getitem__, _list.__getitem__
+
+        def name_of(kind) -> str:
+            name = _type_name(kind)
+            return _str_copy(name)[:60] if is_a(name, _str) else "?"
+
+        def dtype_name(value) -> str | None:
+            """A numpy dtype's scalar type name (float64): found through numpy.dtype's own C
+            descriptors (`isbuiltin`, `type`) in the value's type's MRO, None if not one."""
+            for kind in mro_of(_type(value)):
+                module = _type_module(kind)
+                if name_of(kind) != "dtype" or not is_a(module, _str) or \
+                        _str_copy(module) != "numpy":
+                    continue
+                found = dict_of(kind)
+                builtin, scalar = found.get("isbuiltin"), found.get("type")
+                if _type(builtin) is not getset or _type(scalar) is not member:
+                    return None
+                flag, scalar = builtin.__get__(value, kind), scalar.__get__(value, kind)
+                if _type(flag) is _int and flag == 1 and is_a(scalar, _type_type):
+                    return name_of(scalar)
+                return None
+            return None
+
+        def shown(value, depth: int) -> str:
+            if value is None or value is True or value is False:
+                return "None" if value is None else "True" if value is True else "False"
+            if is_a(value, _str) or is_a(value, _bytes):
+                return text(value) if depth == 0 else "'" + text(value) + "'"
+            if is_a(value, _int):
+                return _int_repr(value)
+            if is_a(value, _float):
+                return float_repr(value)
+            if is_a(value, _complex):
+                return complex_repr(value)
+            if (is_a(value, _tuple) or is_a(value, _list)) and depth < 3:
+                tuple_like = is_a(value, _tuple)
+                items = (tuple_items if tuple_like else list_items)(value, _slice(0, 17))
+                parts = []
+                for i, item in _enumerate(items):
+                    parts.append("..." if i == 16 else shown(item, depth + 1))
+                inner = ", ".join(parts)
+                if tuple_like:
+                    return "(" + inner + ("," if _len(parts) == 1 else "") + ")"
+                return "[" + inner + "]"
+            dtype = dtype_name(value)
+            if dtype is not None:
+                return dtype
+            return "<" + name_of(_type(value)) + ">"
+
+        parts = []
+        for arg in _exc_args(exc):
+            try:
+                parts.append(shown(arg, 0))
+            except _BaseException:  # an integer too long to show, a value too deep
+                parts.append("<" + name_of(_type(arg)) + ">")
+        lines.append(name_of(_type(exc)) + ": " + ", ".join(parts))
         return "\n".join(lines)[-limit:]
 
+    _format_code = format_exception.__code__
     sys.dont_write_bytecode = True  # importlib would write the solution's .pyc next to it
-    # an import of these must raise the import event: the harness's modules, and ctypes and
-    # cffi (numpy imports ctypes; its uses are refused as ctypes.* events in any case)
+    _create_builtin = _defang(sys.audit)
+    if seccomp:  # (it imports ctypes, taken out of sys.modules below)
+        _seccomp()
+    # an import of these must raise the import event: the harness's modules, ctypes and cffi
+    # (numpy imports ctypes; its uses are refused as ctypes.* events in any case) and the
+    # blocked private modules (subprocess keeps its _posixsubprocess, defanged)
     native = tuple(m + "." for m in _NATIVE_MODULES) + _NATIVE_MODULES
     for name in [n for n in sys.modules if n.startswith(hidden) or n in _NATIVE_MODULES
-                 or n.startswith(native)]:
+                 or n.startswith(native) or blocked(n, None) is not None]:
         del sys.modules[name]
     sys.addaudithook(hook)
     return format_exception

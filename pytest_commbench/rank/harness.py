@@ -209,7 +209,10 @@ def guard(job: dict, rank: int, solution: str, scratch: Path) -> None:
         DESCRIBE[0] = audit.install(
             solution=solution, writable=[job["scratch"], job["out"]],
             report=str(Path(job["out"]) / f"guard_r{rank}.json"),
-            hidden_modules=[__package__, "pytest_commbench", "pytest", "_pytest"])
+            hidden_modules=[__package__, "pytest_commbench", "pytest", "_pytest"],
+            # the seccomp backstop is checked with MPI on the CPU; with CUDA's, NCCL's and
+            # MPS's threads it is not yet (the audit hook alone guards GPU jobs until it is)
+            seccomp=job["backend"] == "cpu")
 
 
 def watchdog(job: dict, rank: int) -> None:
@@ -314,6 +317,7 @@ class Calls:
         # a batch's buffer sets handed to the solution, one per call, and their inputs' specs
         self.work: list[dict[str, Any]] | None = None
         self.fed: list = []
+        self.staging: list[list[np.ndarray]] = []  # staged: each call's inputs on the host
 
     def wait(self, word: str, k: int, case: int) -> bool:
         """Until `word` reaches k (True) or the case has ended (False): spinning for SPIN_S,
@@ -365,31 +369,51 @@ class Calls:
                 bufs = shared if not b.staged else {
                     name: b.empty(shape, dtype) for name, _kind, shape, dtype, _o in placed}
             batch = int(info.get("batch", 1))
+            if fresh and hasattr(self.fn, "forget"):  # a compiled solution's old contexts
+                self.fn.forget()
             if batch > 1:  # calls back to back, one buffer set (and context values) each
                 # the solution is handed buffers of the rank's own: before each call its
-                # inputs are read from the feed and its poisoned outputs copied in from the
-                # segment, after it its outputs are copied out (timed alike for the reference
-                # and the solution); the later calls' inputs are nowhere in this process
+                # inputs are read from the feed (staged: and uploaded to its device buffers)
+                # and, on the host, its poisoned outputs copied in from the segment and out
+                # after it (timed alike for the reference and the solution); the later calls'
+                # inputs are nowhere in this process, nor on its device
                 extras = info.get("extras") or [{}] * batch
                 sets = batch_sets(bufs, batch)
                 fed = info.get("feed") or [[] for _ in range(batch)]  # per call: its inputs
-                if fresh or self.work is None or fed != self.fed:
+                if b.staged:
+                    # per call a device set: its outputs are the placed buffers (poisoned
+                    # before the gate, fetched after the batch), its inputs its own; the
+                    # observer starts a new layout whenever a call's inputs change shape
+                    if fresh or self.work is None:
+                        self.work = [dict(one) for one in sets]
+                        for work, spec in zip(self.work, fed):
+                            work.update({name: b.empty(shape, dtype)
+                                         for name, shape, dtype in spec if name not in work})
+                        self.staging = [[np.empty(shape, dtype) for _n, shape, dtype in spec]
+                                        for spec in fed]
+                        self.fed = fed
+                    fed_bufs = self.staging
+                elif fresh or self.work is None or fed != self.fed:
                     # a set of the rank's own per call (the calls' shapes may differ)
                     self.work = [{name: np.empty_like(a) for name, a in one.items()}
                                  for one in sets]
                     for work, spec in zip(self.work, fed):
                         work.update({name: np.empty(shape, dtype) for name, shape, dtype in spec})
                     self.fed = fed
-                fed_bufs = [[work[name] for name, *_ in spec]
-                            for work, spec in zip(self.work, fed)]
+                if not b.staged:
+                    fed_bufs = [[work[name] for name, *_ in spec]
+                                for work, spec in zip(self.work, fed)]
                 outs = [name for name, kind, *_ in placed if kind == "out"]
                 outs = sorted({name.rpartition(BATCH_SEP)[0] for name in outs})
                 argsets = []
                 for j in range(batch):
                     for key, value in extras[j].items():
                         setattr(ctx, key, value)
-                    self.bind(case, ctx, self.work[j], fresh and j == 0)
-                    argsets.append((extras[j], self.args))
+                    # staged: every set's peers mapped (a collective, at the same call on
+                    # every rank); the host backend maps nothing
+                    self.bind(case, ctx, self.work[j], fresh and (j == 0 or b.staged))
+                    state = self.fn.current() if hasattr(self.fn, "current") else None
+                    argsets.append((extras[j], self.args, state))
             else:
                 self.bind(case, ctx, bufs, fresh)  # context values may change per call
             if b.staged:
@@ -404,17 +428,25 @@ class Calls:
                 if not self.wait("gate", k, index):
                     return
             if batch > 1:
-                for (values, args), one, work, inputs in zip(argsets, sets, self.work,
-                                                             fed_bufs):
-                    for name, buf in one.items():  # its poisoned outputs
-                        np.copyto(work[name], buf)
-                    read_feed(self.link.feed, inputs)  # its inputs (in-place ones too)
+                for (values, args, state), one, work, inputs, spec in zip(
+                        argsets, sets, self.work, fed_bufs, self.fed):
+                    if b.staged:  # its inputs, uploaded just before it
+                        read_feed(self.link.feed, inputs)
+                        for (name, *_), host in zip(spec, inputs):
+                            b.upload(work[name], host)
+                    else:
+                        for name, buf in one.items():  # its poisoned outputs
+                            np.copyto(work[name], buf)
+                        read_feed(self.link.feed, inputs)  # its inputs (in-place ones too)
                     for key, value in values.items():
                         setattr(ctx, key, value)
                     self.args = args
+                    if state is not None:
+                        self.fn.use(state)
                     self.call(ctx)
-                    for name in outs:
-                        np.copyto(one[name], work[name])
+                    if not b.staged:
+                        for name in outs:
+                            np.copyto(one[name], work[name])
             else:
                 self.call(ctx)
             b.synchronize()

@@ -11,8 +11,10 @@ job's sandbox the daemon lives in the job's PID namespace, so it also dies with 
 this program is killed outright; outside one (`--commbench-unsandboxed`) the pipe folder is
 written to OUT/mps.json so that the controller can stop a daemon left behind.
 
-Exit status: the launcher's; MPS_FAILED when the daemon could not be started (no rank has
-run then: the controller reads it as the machine's failure, with OUT/mps.json's reason).
+Exit status: the launcher's; MPS_FAILED when the daemon could not be started, its reason in
+OUT/mps.json and on stderr. The code decides nothing by itself (a rank can end with it too):
+no rank has run then, so no rank said it was loading the solution, and that is what makes the
+controller judge the job the machine's failure.
 Standard library only; imports nothing of the controller.
 """
 
