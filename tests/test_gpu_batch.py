@@ -6,19 +6,15 @@ checked; a call cannot reach a later call's inputs."""
 
 from __future__ import annotations
 
-import os
-import threading
 from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
-from test_late_rank import StagedHost, ThreadJob
+from test_late_rank import ranks_in_threads
 
 from pytest_commbench import checks
 from pytest_commbench.observer import Observer, Settings, WrongAnswer
-from pytest_commbench.rank.backends import HostBackend
-from pytest_commbench.rank.harness import Calls, Link
 
 
 def _honest(ctx, x, out):
@@ -64,46 +60,15 @@ def _judge(tmp_path: Path, solution, staged: bool = True, world: int = 2,
     # load might time these calls above the batching threshold)
     obs = Observer(job_dir, world, op, settings, np.random.default_rng(6), staged=staged,
                    timed=True, batch=True, batches={"c0": 8})
-    failures: list[BaseException] = []
-    links: list[Link] = []
-
-    def rank_main(rank: int) -> None:
-        try:
-            link = Link(str(job_dir), rank)
-            links.append(link)
-            # a solution per rank (each rank is a process of its own on a real machine)
-            calls = Calls(link, StagedHost() if staged else HostBackend(),
-                          solution() if getattr(solution, "per_rank", False) else solution)
-            link.say(phase="loading")
-            ctx = SimpleNamespace(rank=rank, world_size=world)
-            calls.case(1, {"id": case.id, "args": case.args, "params": case.params}, ctx)
-        except BaseException as exc:  # noqa: BLE001 - the test reports it
-            failures.append(exc)
-
-    threads = [threading.Thread(target=rank_main, args=(r,), daemon=True)
-               for r in range(world)]
-    for t in threads:
-        t.start()
+    per_rank = getattr(solution, "per_rank", False)  # a solution per rank (its process)
     times: list = []
-    try:
-        obs.connect(ThreadJob(threads))
+    with ranks_in_threads(obs, job_dir, case, staged,
+                          lambda _rank: solution() if per_rank else solution):
         try:
             times = obs.run_case(case)
         except WrongAnswer as exc:
             return exc.errors, dict(obs.batches), len(times)
-        finally:
-            obs.end(1)
-            for t in threads:
-                t.join(20)
-        return [], dict(obs.batches), len(times)
-    finally:
-        obs.close()
-        for link in links:
-            link.sock.close()
-            for fd in (link.bell, link.wake, link.feed):
-                os.close(fd)
-        assert not failures, failures
-        assert not any(t.is_alive() for t in threads)
+    return [], dict(obs.batches), len(times)
 
 
 def test_a_staged_batch_runs_every_call_on_its_own_set_and_checks_it(tmp_path):

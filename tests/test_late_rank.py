@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import threading
@@ -259,6 +260,26 @@ def _judge(tmp_path: Path, kind: str, staged: bool, world: int = 2,
     obs = Observer(job_dir, world, op, settings, np.random.default_rng(12), staged=staged,
                    timed=False)
     posts = Posts()
+    with ranks_in_threads(obs, job_dir, case, staged,
+                          lambda rank: _allreduce(kind, rank, world, posts)):
+        try:
+            if own:
+                obs.run_case(case)
+            else:
+                obs.case_no += 1
+                for trial in case.trials:
+                    obs.call(case, trial, check=True, own_completion=False)
+        except WrongAnswer as exc:
+            return exc.errors
+    return []
+
+
+@contextlib.contextmanager
+def ranks_in_threads(obs: Observer, job_dir: Path, case, staged: bool, solution_for):
+    """The ranks of one case as threads running the real rank loop (`Calls`) on a host or a
+    staged host backend, connected to `obs`; `solution_for(rank)` is each rank's solution.
+    Inside the block the observer drives the case; afterwards every rank has ended, cleanly."""
+    world = obs.world
     failures: list[BaseException] = []
     links: list[Link] = []
 
@@ -266,8 +287,7 @@ def _judge(tmp_path: Path, kind: str, staged: bool, world: int = 2,
         try:
             link = Link(str(job_dir), rank)
             links.append(link)
-            calls = Calls(link, StagedHost() if staged else HostBackend(),
-                          _allreduce(kind, rank, world, posts))
+            calls = Calls(link, StagedHost() if staged else HostBackend(), solution_for(rank))
             link.say(phase="loading")
             ctx = SimpleNamespace(rank=rank, world_size=world)
             calls.case(1, {"id": case.id, "args": case.args, "params": case.params}, ctx)
@@ -281,19 +301,11 @@ def _judge(tmp_path: Path, kind: str, staged: bool, world: int = 2,
     try:
         obs.connect(ThreadJob(threads))
         try:
-            if own:
-                obs.run_case(case)
-            else:
-                obs.case_no += 1
-                for trial in case.trials:
-                    obs.call(case, trial, check=True, own_completion=False)
-        except WrongAnswer as exc:
-            return exc.errors
+            yield
         finally:
             obs.end(1)
             for t in threads:
                 t.join(20)
-        return []
     finally:
         obs.close()
         for link in links:
