@@ -92,6 +92,7 @@ from pathlib import Path
 log = logging.getLogger(__name__)
 
 RECIPE_VERSION = "cupti-1"
+REPORT_HEADER = Path(__file__).parent / "rank" / "guard_report.h"  # included by it
 SOURCE = Path(__file__).parent / "rank" / "cupti_guard.c"
 LIBRARY_NAME = "libcommbench_cupti.so"
 HEADER_NAME = "commbench_cupti.h"
@@ -307,7 +308,7 @@ def build_cupti_guard(patterns: tuple[str, ...], cache_dir: Path,
         return None
     try:
         chosen = resolve(patterns, read_cbids(cupti.include))
-        source = SOURCE.read_text()
+        source = SOURCE.read_text() + REPORT_HEADER.read_text()
         st = os.stat(cupti.library)
     except OSError as exc:
         log.warning("CUDA API guard: not built (%s)", exc)

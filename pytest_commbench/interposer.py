@@ -41,6 +41,7 @@ from . import jobfiles
 log = logging.getLogger(__name__)
 
 RECIPE_VERSION = "interpose-1"
+REPORT_HEADER = Path(__file__).parent / "rank" / "guard_report.h"  # included by it
 SOURCE = Path(__file__).parent / "rank" / "interpose.c"
 LIBRARY_NAME = "libcommbench_guard.so"
 REPORT_ENV = "COMMBENCH_GUARD_REPORT"
@@ -243,7 +244,7 @@ def build_interposer(patterns: tuple[str, ...], libraries: list[Path], cache_dir
     try:
         header, names = stubs_header(tuple(patterns), [Path(p) for p in libraries], trusted)
         stats = [f"{os.path.realpath(p)}:{os.stat(p).st_size}:{os.stat(p).st_mtime_ns}" for p in libraries]
-        source = SOURCE.read_text()
+        source = SOURCE.read_text() + REPORT_HEADER.read_text()
     except (OSError, ValueError) as exc:
         log.warning("run-time guard: no interposer (%s)", exc)
         return None

@@ -58,6 +58,7 @@
 #include <cupti.h>
 
 #include "commbench_cupti.h"
+#include "guard_report.h"
 
 #define EXPORT __attribute__((visibility("default")))
 #define GUARD_EXIT 86  /* a forbidden call (the interposer's and the audit hook's code) */
@@ -355,27 +356,7 @@ static void CUPTIAPI on_call(void *userdata, CUpti_CallbackDomain domain, CUpti_
 
 /* The report path, "%r" replaced by the rank (as the interposer does). */
 static void set_report(void) {
-    const char *tmpl = getenv("COMMBENCH_GUARD_REPORT");
-    const char *rank = getenv("OMPI_COMM_WORLD_RANK");
-    if (!rank)
-        rank = getenv("PMI_RANK");
-    if (!rank)
-        rank = getenv("PMIX_RANK");
-    if (!rank)
-        rank = "0";
-    size_t o = 0;
-    if (!tmpl)
-        return;
-    for (const char *c = tmpl; *c && o + 1 < sizeof S.report; c++) {
-        if (c[0] == '%' && c[1] == 'r') {
-            for (const char *r = rank; *r && o + 1 < sizeof S.report; r++)
-                S.report[o++] = *r;
-            c++;
-        } else {
-            S.report[o++] = *c;
-        }
-    }
-    S.report[o] = '\0';
+    commbench_report_path(S.report, sizeof S.report);
 }
 
 static void cupti_error(const char *what, CUptiResult r) {

@@ -41,6 +41,7 @@
 #include <unistd.h>
 
 #include "commbench_stubs.h"
+#include "guard_report.h"
 
 #define EXPORT __attribute__((visibility("default")))
 #define HIDDEN __attribute__((visibility("hidden")))
@@ -331,27 +332,7 @@ HIDDEN __attribute__((used)) void *commbench_resolve(unsigned i, void *ret) {
 
 /* The report path, "%r" replaced by the rank. */
 static void set_report(void) {
-    const char *tmpl = getenv("COMMBENCH_GUARD_REPORT");
-    const char *rank = getenv("OMPI_COMM_WORLD_RANK");
-    if (!rank)
-        rank = getenv("PMI_RANK");
-    if (!rank)
-        rank = getenv("PMIX_RANK");
-    if (!rank)
-        rank = "0";
-    size_t o = 0;
-    if (!tmpl)
-        return;
-    for (const char *c = tmpl; *c && o + 1 < sizeof S.report; c++) {
-        if (c[0] == '%' && c[1] == 'r') {
-            for (const char *r = rank; *r && o + 1 < sizeof S.report; r++)
-                S.report[o++] = *r;
-            c++;
-        } else {
-            S.report[o++] = *c;
-        }
-    }
-    S.report[o] = '\0';
+    commbench_report_path(S.report, sizeof S.report);
 }
 
 EXPORT void commbench_guard_arm(void) {
