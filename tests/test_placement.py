@@ -190,6 +190,14 @@ def _state(out: Path) -> dict:
     return json.loads((out / "mps.json").read_text())
 
 
+def _await_running(out: Path, limit_s: float = 30) -> None:
+    """Until the wrapper says its daemon runs (or the limit passes)."""
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline and not (
+            (out / "mps.json").exists() and _state(out).get("state") == "running"):
+        time.sleep(0.05)
+
+
 def test_the_daemon_serves_the_launcher_and_is_stopped_after_it(fake_bin, tmp_path):
     out = tmp_path / "out"
     out.mkdir()
@@ -232,10 +240,7 @@ def test_a_terminated_job_stops_its_daemon(fake_bin, tmp_path):
     out.mkdir()
     proc = subprocess.Popen(_wrapper(fake_bin, out, [sys.executable, "-c",
                                                      "import time; time.sleep(120)"]))
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline and not (
-            (out / "mps.json").exists() and _state(out).get("state") == "running"):
-        time.sleep(0.05)
+    _await_running(out)
     pipe = _state(out)["pipe"]
     assert _daemons(pipe), "the daemon runs while the job does"
     proc.send_signal(signal.SIGTERM)
@@ -261,10 +266,7 @@ def test_a_killed_sandboxed_job_takes_its_daemon_with_it(fake_bin, tmp_path, pro
     argv[2] = "commbench_rank.mps"
     argv = sandbox.wrap(job, argv, env, hide=[], keep=[fake_bin])
     proc = subprocess.Popen(argv, start_new_session=True)
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline and not (
-            (out / "mps.json").exists() and _state(out).get("state") == "running"):
-        time.sleep(0.05)
+    _await_running(out)
     assert _state(out)["state"] == "running"
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait(timeout=30)
@@ -283,10 +285,7 @@ def test_an_unsandboxed_job_killed_outright_leaves_a_daemon_the_controller_stops
     proc = subprocess.Popen(_wrapper(fake_bin, out, [sys.executable, "-c",
                                                      "import time; time.sleep(120)"]),
                             start_new_session=True)
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline and not (
-            (out / "mps.json").exists() and _state(out).get("state") == "running"):
-        time.sleep(0.05)
+    _await_running(out)
     pipe = _state(out)["pipe"]
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait(timeout=30)
