@@ -14,6 +14,7 @@ import os
 import re
 import shutil
 import subprocess
+import tempfile
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
 from pathlib import Path
@@ -278,23 +279,28 @@ def build_cuda(task: Task, source: str, cache_dir: Path, arch: str) -> Artifact:
     lib = folder / "libsolution.so"
     if not lib.exists():
         folder.mkdir(parents=True, exist_ok=True)
-        src = folder / "solution.cu"
-        src.write_text(source)
-        tmp = folder / f"libsolution.{os.getpid()}.so"
+        # a folder of this build's own: runs and threads sharing a cache build side by side,
+        # and the first to finish puts the library in place
+        work = Path(tempfile.mkdtemp(prefix=".build-", dir=folder))
         try:
-            done = subprocess.run(cuda_command(task, src, tmp, arch), capture_output=True,
-                                  text=True, timeout=COMPILE_TIMEOUT_S, cwd=folder)
-        except subprocess.TimeoutExpired:
-            raise Rejected(Verdict.COMPILE_ERROR,
-                           f"the compiler ran past {COMPILE_TIMEOUT_S} s") from None
-        except FileNotFoundError as exc:
-            raise Rejected(Verdict.INFRA_ERROR, f"no compiler: {exc}") from None
-        if done.returncode != 0:
-            message = (done.stderr or done.stdout).strip()
-            first = next((x for x in message.splitlines() if "error" in x), message[:200])
-            raise Rejected(Verdict.COMPILE_ERROR, f"the solution does not compile: {first}",
-                           message[-6000:])
-        tmp.replace(lib)
+            src, tmp = work / "solution.cu", work / "libsolution.so"
+            src.write_text(source)
+            try:
+                done = subprocess.run(cuda_command(task, src, tmp, arch), capture_output=True,
+                                      text=True, timeout=COMPILE_TIMEOUT_S, cwd=work)
+            except subprocess.TimeoutExpired:
+                raise Rejected(Verdict.COMPILE_ERROR,
+                               f"the compiler ran past {COMPILE_TIMEOUT_S} s") from None
+            except FileNotFoundError as exc:
+                raise Rejected(Verdict.INFRA_ERROR, f"no compiler: {exc}") from None
+            if done.returncode != 0:
+                message = (done.stderr or done.stdout).strip()
+                first = next((x for x in message.splitlines() if "error" in x), message[:200])
+                raise Rejected(Verdict.COMPILE_ERROR, f"the solution does not compile: {first}",
+                               message[-6000:])
+            tmp.replace(lib)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
     patterns = native_forbid(expand_forbid(task.forbid))
     bad = forbidden_uses(linked_names(lib), patterns)
     if bad:

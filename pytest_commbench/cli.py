@@ -215,7 +215,8 @@ def cmd_compile(args: argparse.Namespace) -> int:
     arch = PROFILES[args.platform].arch
     root, refs = Path(args.suites), Path(args.references)
     failures: list[str] = []
-    cache = Path(tempfile.mkdtemp(prefix="commbench-compile-"))
+    # --cache: the folder a run's --commbench-build-cache names, filled ahead of the run
+    cache = Path(args.cache) if args.cache else Path(tempfile.mkdtemp(prefix="commbench-compile-"))
     work = []
     for manifest in sorted(root.rglob(MANIFEST)):
         try:
@@ -232,8 +233,8 @@ def cmd_compile(args: argparse.Namespace) -> int:
         work += [(task, kind, read) for kind, read in sources]
 
     def one(n: int, task, kind: str, read) -> tuple[str, str | None]:
-        try:  # each build in a cache folder of its own: they run side by side
-            build_cuda(task, read(), cache / str(n), arch)
+        try:  # side by side: each build works in a folder of its own
+            build_cuda(task, read(), cache, arch)
             return "ok", None
         except (OSError, MutantError) as exc:
             return f"missing: {exc}", f"{task.relpath} {kind}: missing: {exc}"
@@ -372,6 +373,8 @@ def main(argv: list[str] | None = None) -> int:
     cmp_.add_argument("suites", nargs="?", default="suites")
     cmp_.add_argument("--references", default="references")
     cmp_.add_argument("--platform", default="h200", help="profile whose architecture to build for")
+    cmp_.add_argument("--cache", help="keep the builds in this folder (a run's "
+                                       "--commbench-build-cache) instead of a throw-away one")
     cmp_.add_argument("-j", "--jobs", type=int, default=os.cpu_count() or 1,
                       help="builds side by side (default: the CPUs)")
     cmp_.set_defaults(func=cmd_compile)

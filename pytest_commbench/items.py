@@ -145,7 +145,7 @@ class TaskItem(pytest.Item):
         slug = self.nodeid.replace("/", "_").replace("::", "__").replace("[", "_").rstrip("]")
         settings = Settings(
             seed=state.item_seed(self.nodeid), work=state.work_dir / slug,
-            cache=state.run_dir / "build", references=state.references, rounds=state.rounds,
+            cache=state.build_dir, references=state.references, rounds=state.rounds,
             max_rounds=state.max_rounds, precision=state.precision,
             reps=state.reps, max_reps=state.max_reps, budget_s=state.budget,
             warmup=state.warmup, timeout=state.timeout, keep=state.keep,

@@ -110,6 +110,9 @@ TIMEOUT_DESC = "per-job deadline in seconds (default: the task manifest's timeou
 RUNS_DESC = "where result logs and scratch directories go (default .commbench/runs)"
 SCRATCH_DESC = ("where items' scratch directories (inputs, outputs) go instead of the runs "
                 "directory, e.g. a tmpfs such as /dev/shm for large sizes")
+BUILD_CACHE_DESC = ("a folder of built solutions kept between runs, found again by their source, "
+                    "task and build recipe (default: each run builds into its own folder); "
+                    "`commbench compile --cache` fills it ahead of a run")
 RESUME_DESC = ("finish a killed run: RUN is its id under the runs directory or its directory; "
                "items it finished are reported from its log, the rest run with its seed")
 ROUNDS_DESC = ("refinement rounds: after a failure, or a pass slower than the reference, the "
@@ -171,6 +174,7 @@ OPTIONS: list[Option] = [
     Option("timeout", seconds, None, TIMEOUT_DESC),
     Option("runs_dir", _text, ".commbench/runs", RUNS_DESC),
     Option("scratch", _text, None, SCRATCH_DESC),
+    Option("build_cache", _text, None, BUILD_CACHE_DESC),
     Option("resume", _text, None, RESUME_DESC),
     Option("rounds", positive_count, 1, ROUNDS_DESC),
     Option("timing_rounds", positive_count, 2, TIMING_ROUNDS_DESC),
@@ -291,6 +295,7 @@ class CommbenchState:
     run_dir: Path
     runs_dir: Path
     work_dir: Path  # items' scratch directories (inputs, outputs, jobs)
+    build_dir: Path  # built solutions (the run's own, or --commbench-build-cache)
     references: Path
     suites: Path
     rounds: int  # timing rounds (--commbench-timing-rounds)
@@ -522,6 +527,10 @@ def create(config: pytest.Config) -> CommbenchState:
         _check_writable(work_dir, "folder of the run's jobs",
                         lookup(config, "scratch")[1] if scratch else
                         lookup(config, "runs_dir")[1])
+    build_cache = setting(config, "build_cache")
+    build_dir = Path(build_cache).expanduser() if build_cache else run_dir / "build"
+    if build_cache and not worker:
+        _check_writable(build_dir, "build cache", lookup(config, "build_cache")[1])
     timeout = setting(config, "timeout")
     reps = int(setting(config, "reps"))
     from .platforms import NAMES, PROFILES
@@ -536,6 +545,7 @@ def create(config: pytest.Config) -> CommbenchState:
         run_dir=run_dir,
         runs_dir=runs_dir,
         work_dir=work_dir,
+        build_dir=build_dir,
         references=root / setting(config, "references"),
         suites=root / setting(config, "suites"),
         rounds=int(setting(config, "timing_rounds")),
