@@ -93,7 +93,7 @@ def test_a_deadlocked_gpu_solution_is_killed_and_the_gpus_are_clean(bench, proce
 def test_a_slower_gpu_solution_gets_a_speedup_below_one(bench):
     """The GPU timing path against a solution known to be slower: the SM peer copy with a
     single thread block instead of two per SM."""
-    bench.add_task("p2p/sm_peer_copy", ranks=2)
+    bench.timed().add_task("p2p/sm_peer_copy", ranks=2)
     ref = bench.root / "references" / "p2p" / "sm_peer_copy" / "solution.cu"
     text = ref.read_text()
     cap = "if (blocks > (size_t)sms * 2) blocks = (size_t)sms * 2;"
