@@ -49,6 +49,16 @@ def cmd_report(args: argparse.Namespace) -> int:
             return 2
         for log in logs:
             records += load(log)
+    changed = leaderboard.changed_tasks(records)
+    if changed and not args.split_changed:
+        print("commbench report: these runs judged different versions of the same tasks (the "
+              "task, its reference or its oracle changed), and their results are not pooled:\n"
+              + leaderboard.describe_changed(changed)
+              + "\nreport them separately, or give --split-changed to show each version as a "
+              "task of its own", file=sys.stderr)
+        return 2
+    if changed:
+        records = leaderboard.split_changed(records, changed)
     groups = leaderboard.split(records)
     if len(groups) > 1 and not args.by_fingerprint:
         try:
@@ -62,6 +72,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     command = " ".join(["commbench report", *args.paths]
                        + ([f"--models-file {args.models_file}"] if args.models_file else [])
                        + (["--by-fingerprint"] if args.by_fingerprint else [])
+                       + (["--split-changed"] if args.split_changed else [])
                        + ([f"--out {args.out}"] if args.out else []))
     for label, fp, group in groups:
         if len(groups) > 1:
@@ -257,6 +268,17 @@ def cmd_compile(args: argparse.Namespace) -> int:
     return 1 if failures or not built else 0
 
 
+def cmd_doctor(args: argparse.Namespace) -> int:
+    """What this machine has for the benchmark and which items that leaves runnable."""
+    from .doctor import report
+
+    try:
+        return report(args.platform, Path(args.suites), args.ranks_per_gpu)
+    except ValueError as exc:
+        print(f"commbench doctor: {exc}", file=sys.stderr)
+        return 2
+
+
 def cmd_tasks(args: argparse.Namespace) -> int:
     root = Path(args.suites)
     rows, bad = [], 0
@@ -342,6 +364,9 @@ def main(argv: list[str] | None = None) -> int:
     rep.add_argument("--out", metavar="DIR",
                      help="write report.md, leaderboard.csv, leaderboard.json and the figures "
                           "(PNGs, with the 'plots' extra) into DIR")
+    rep.add_argument("--split-changed", action="store_true",
+                     help="runs that judged different versions of a task (its hash differs): "
+                          "each version as a task of its own instead of refusing to pool them")
     rep.add_argument("--by-fingerprint", action="store_true",
                      help="runs of different hardware/software: one report per fingerprint "
                           "(DIR/<platform>-<hash>) instead of refusing them")
@@ -387,6 +412,14 @@ def main(argv: list[str] | None = None) -> int:
     exp.add_argument("dir")
     exp.add_argument("--sample", type=int, default=0)
     exp.set_defaults(func=cmd_export)
+    doc = sub.add_parser("doctor", help="what this machine has for the benchmark, what it "
+                                        "lacks, and which items that leaves runnable")
+    doc.add_argument("suites", nargs="?", default="suites")
+    doc.add_argument("--platform", default=None,
+                     help="the platform to judge (default: what --platform=auto picks)")
+    doc.add_argument("--ranks-per-gpu", type=int, default=1,
+                     help="shared placement, as --commbench-ranks-per-gpu")
+    doc.set_defaults(func=cmd_doctor)
     tsk = sub.add_parser("tasks", help="list the tasks of a suites folder")
     tsk.add_argument("suites", nargs="?", default="suites")
     tsk.set_defaults(func=cmd_tasks)

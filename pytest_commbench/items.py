@@ -10,11 +10,12 @@ from typing import Any
 
 import pytest
 
+from . import __version__
 from .results import cap, entries
 from .runner import Settings, run_candidate
 from .scoring import record_band
 from .session import STATE
-from .tasks import MANIFEST, ManifestError, Task, load_task
+from .tasks import MANIFEST, ManifestError, Task, load_task, task_hash
 from .verdicts import Verdict
 
 INFRA_RETRIES = 1
@@ -65,6 +66,9 @@ def base_record(task: Task, world: int, candidate_id: str, kind: str, nodeid: st
         "nodeid": nodeid, "run": state.run_id, "task": task.relpath, "title": task.title,
         "category": task.category, "library": task.library, "difficulty": task.difficulty,
         "setup": task.setup, "world": world, "model": state.model.name,
+        # what produced the line: the plugin's version, and the task as it was (a changed
+        # task's results are not pooled with the old one's: `commbench report`)
+        "commbench_version": __version__, "task_hash": task_hash(task, state.references),
         "platform": state.platform.name, "candidate": candidate_id, "kind": kind,
         # the run's settings that make its results another configuration of the model (a
         # leaderboard keeps 1-round and 5-round runs, or budgeted ones, apart)
@@ -241,7 +245,8 @@ def describe(record: dict[str, Any], headline: str) -> str:
 
 SUMMARY_KEYS = ("nodeid", "task", "title", "category", "library", "difficulty", "setup", "world",
                 "model", "candidate", "kind", "verdict", "message", "speedup", "speedup_se",
-                "timing_rounds", "timing_trust", "speedup_ci90", "host_load", "check_only",
+                "timing_rounds", "timing_trust", "timing_stopped", "speedup_ci90", "host_load",
+                "check_only", "commbench_version", "task_hash",
                 "band", "sizes", "rounds", "round", "round_history", "agent", "agent_calls",
                 "agent_restarts", "agent_kept", "agent_first",
                 "cost", "tokens_in", "tokens_out", "seed", "run")
@@ -257,6 +262,8 @@ def junit_properties(record: dict[str, Any]) -> list[tuple[str, Any]]:
         ("commbench.tokens_in", record.get("tokens_in", 0)),
         ("commbench.tokens_out", record.get("tokens_out", 0)),
         ("commbench.cost_usd", round(record.get("cost") or 0.0, 6)),
+        ("commbench.version", record.get("commbench_version", "")),
+        ("commbench.task_hash", record.get("task_hash", "")),
     ]
     if record.get("round") is not None:
         props.append(("commbench.round", record["round"]))

@@ -123,6 +123,36 @@ def check_one_fingerprint(records: list[dict]) -> dict:
     return groups[0][0] if groups else {}
 
 
+def changed_tasks(records: list[dict]) -> dict[str, dict[str, list[str]]]:
+    """Tasks whose records carry different task hashes (the task, its reference or its
+    oracle changed between the runs): {task: {hash: [runs]}}. Records made before hashes
+    were written carry none and are not compared."""
+    seen: dict[str, dict[str, set[str]]] = {}
+    for r in records:
+        if r.get("event") == "result" and r.get("task_hash"):
+            seen.setdefault(r["task"], {}).setdefault(r["task_hash"], set()).add(
+                str(r.get("run", "?")))
+    return {task: {h: sorted(runs) for h, runs in by_hash.items()}
+            for task, by_hash in seen.items() if len(by_hash) > 1}
+
+
+def describe_changed(changed: dict[str, dict[str, list[str]]]) -> str:
+    return "\n".join(f"  {task}: " + " vs ".join(f"{h} (run{'s' * (len(runs) > 1)} "
+                                                  f"{', '.join(runs)})" for h, runs in hashes.items())
+                      for task, hashes in sorted(changed.items()))
+
+
+def split_changed(records: list[dict], changed: dict) -> list[dict]:
+    """Each version of a changed task as a task of its own (`task@hash`)."""
+    def version(r: dict) -> dict:
+        tag = f"@{r['task_hash'][:8]}"
+        # the node id too: an item counts once per node id (a run and its rerun)
+        return {**r, "task": r["task"] + tag, "nodeid": str(r.get("nodeid", "")) + tag}
+
+    return [version(r) if r.get("task") in changed and r.get("task_hash") else r
+            for r in records]
+
+
 def split(records: list[dict]) -> list[tuple[str, dict, list[dict]]]:
     """(label, fingerprint, records) per fingerprint group."""
     return [(fingerprint_label(fp), fp, recs) for fp, recs in fingerprints(records)]

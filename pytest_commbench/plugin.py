@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import argparse
+
 import pytest
 
-from . import hookspecs
+from . import hookspecs, preflight
 from .items import TaskManifest, is_manifest, record_crashed_item, record_from_report
 from .launch import install_stop_handlers
 from .leaderboard import render_run
 from .models.api import api_model_names, make_api_model
 from .models.builtin import BUILTIN_NAMES, make_builtin
 from .platforms import make as make_platform
-from .session import OPTIONS, STATE, create, flag_name, labelled
+from .session import GROUPS, OPTIONS, STATE, create, flag_name, group_of, labelled
 
 MARKERS = {
     "commbench": "a pytest-commbench task item",
@@ -26,20 +28,26 @@ def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
-    group = parser.getgroup("commbench", "GPU communication benchmark (pytest-commbench)")
+    groups = {key: parser.getgroup(f"commbench-{key}", f"commbench: {title}")
+              for key, (title, _names) in GROUPS.items()}
     for option in OPTIONS:
         name, desc = option.name, option.help
+        for old in option.aliases:  # former names: still read, never listed
+            parser.addini(f"commbench_{old}", f"former name of commbench_{name}")
         if not option.cli:
             parser.addini(f"commbench_{name}", desc)
             continue
+        group = groups[group_of(name)]
         text = desc.replace("%", "%%")  # argparse %-formats help texts
-        if option.flag:
-            group.addoption(flag_name(name), dest=f"commbench_{name}", action="store_true",
-                            help=text)
-        else:
-            group.addoption(flag_name(name), dest=f"commbench_{name}", type=labelled(name),
-                            default=None, help=text,
-                            **({"metavar": "RUN"} if name == "resume" else {}))
+        for flag, dest, shown in ((flag_name(name), name, text),
+                                  *((flag_name(old), old, argparse.SUPPRESS)
+                                    for old in option.aliases)):
+            if option.flag:
+                group.addoption(flag, dest=f"commbench_{dest}", action="store_true", help=shown)
+            else:
+                group.addoption(flag, dest=f"commbench_{dest}", type=labelled(name, flag),
+                                default=None, help=shown,
+                                **({"metavar": "RUN"} if name == "resume" else {}))
         parser.addini(f"commbench_{name}", desc)
 
 
@@ -72,6 +80,7 @@ def pytest_configure(config: pytest.Config) -> None:
         config.addinivalue_line("markers", f"library_{lib}: commbench task attribute")
     state = create(config)
     config.stash[STATE] = state
+    preflight.check(config, state)  # refusals and warnings, before anything is spent
     install_stop_handlers()
     config.pluginmanager.register(ResultsCollector(state), "commbench-results")
     if config.pluginmanager.hasplugin("xdist"):
@@ -156,9 +165,22 @@ class ResultsCollector:
             if record is not None:
                 self.by_node[report.nodeid] = record
 
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        """A benchmark session in which no item ran (all skipped: the wrong platform, a task
+        filter that left only skips) is not a success: pytest's "nothing collected" status."""
+        if hasattr(session.config, "workerinput"):
+            return
+        if preflight.no_item_ran(self.records) and session.exitstatus == pytest.ExitCode.OK:
+            session.exitstatus = pytest.ExitCode.NO_TESTS_COLLECTED
+
     def pytest_terminal_summary(self, terminalreporter) -> None:
         if not self.by_node:
             return
+        why = preflight.no_item_ran(self.records)
+        if why:
+            terminalreporter.write_line(f"commbench: {why}; exit status "
+                                        f"{int(pytest.ExitCode.NO_TESTS_COLLECTED)}", red=True)
         state = self.state
         render_run(self.records, terminalreporter.write_line, terminalreporter.write_sep,
                header=f"commbench: model {state.model.name} on {state.platform.name}")

@@ -74,8 +74,10 @@ def unreadable(records: list[dict]) -> list[str]:
         if r["verdict"] != "pass" or trust in (None, "ok"):
             continue
         load = r.get("host_load") or {}
+        stopped = (f"; timing stopped after {r.get('timing_rounds')} rounds"
+                   if r.get("timing_stopped") == "contended" else "")
         why = (f"contended: {load.get('ranks')} busy ranks and {load.get('outside_cpus')} CPUs "
-               f"of other load on {load.get('cpus')} CPUs" if trust == "contended" else
+               f"of other load on {load.get('cpus')} CPUs{stopped}" if trust == "contended" else
                "shared: its ranks shared a GPU" if trust == "shared" else
                f"noisy: +/- {100 * (r.get('speedup_se') or 0):.1f}% after "
                f"{r.get('timing_rounds')} timing rounds")

@@ -100,6 +100,12 @@ def run_candidate(task: Task, world: int, candidate: Candidate, platform: Platfo
     record: dict[str, Any] = {}
     tokens_in = tokens_out = 0
     cost = 0.0
+    # what the answers cost, replayed ones included (`cost` counts an answer once per run,
+    # in the item that got it first): the budget's measure, so that every world size of a
+    # task, and a rerun from kept replies, stops at the round the asking run stopped at
+    spent = 0.0
+    requests: list[dict[str, Any]] = []
+    replayed = False
     ended = candidate.ended(world) if candidate.ended is not None else None
     for rnd in range(1, rounds + 1):
         if rnd == 1:
@@ -113,6 +119,11 @@ def run_candidate(task: Task, world: int, candidate: Candidate, platform: Platfo
         tokens_in += record["tokens_in"]
         tokens_out += record["tokens_out"]
         cost += record["cost"] or 0.0
+        asked = record.get("requests") or []
+        spent += (sum(float(q.get("cost") or 0.0) for q in asked) if asked
+                  else record["cost"] or 0.0)
+        requests += asked
+        replayed = replayed or bool(record.get("replayed"))
         history.append({"round": rnd, "verdict": record["verdict"],
                         "speedup": record.get("speedup"), "message": record["message"][:300]})
         if record["verdict"] == "pass":
@@ -122,18 +133,19 @@ def run_candidate(task: Task, world: int, candidate: Candidate, platform: Platfo
                 stop = "fast enough"
         elif record["verdict"] == "infra_error":
             break  # an outage or a broken reference: asking again would not help
-        if stop is None and settings.budget_usd is not None and cost >= settings.budget_usd:
+        if stop is None and settings.budget_usd is not None and spent >= settings.budget_usd:
             stop = "budget"  # the task's budget is spent (the paper's cost-matched comparison)
         if stop is not None or rnd == ended:
-            # an early end is kept with the replies: a rerun (whose timing may differ, and
-            # whose kept replies cost nothing) stops at the same round and asks nothing new
+            # an early end is kept with the replies: a rerun (whose timing may differ)
+            # stops at the same round and asks nothing new
             if stop is not None and rnd < rounds and candidate.end is not None:
                 candidate.end(world, rnd)
             break
     final = best or record
     final.pop("_reply", None)
     final.pop("_imprecise", None)
-    final.update(tokens_in=tokens_in, tokens_out=tokens_out, cost=cost, rounds=len(history),
+    final.update(tokens_in=tokens_in, tokens_out=tokens_out, cost=cost, requests=requests,
+                 replayed=replayed, rounds=len(history),
                  duration_s=round(time.time() - started, 3))
     if candidate.refine is not None:
         first = next((h["round"] for h in history if h["verdict"] == "pass"), None)
@@ -368,9 +380,19 @@ def _produce(candidate: Candidate) -> Reply:
 def _run(task, world, candidate, platform, settings, record) -> None:
     reply = _produce(candidate)
     record.update(tokens_in=reply.tokens_in, tokens_out=reply.tokens_out, cost=reply.cost,
-                  rounds=reply.rounds, _reply=reply.text or "")
+                  rounds=reply.rounds, _reply=reply.text or "",
+                  # the request behind the answer (endpoint, settings, usage, its cost and
+                  # price source), and whether the answer was kept from before, not asked
+                  requests=[reply.request] if reply.request else [], replayed=reply.replayed)
+    if (reply.request or {}).get("price"):
+        record["price_source"] = reply.request["price"]
     if reply.infra_error:
         raise InfraError(f"the model source failed: {reply.infra_error}")
+    if reply.truncated:  # the model's failure, judged as it is: neither built nor run
+        limit = (reply.request or {}).get("max_tokens") or reply.tokens_out
+        raise Rejected(Verdict.TRUNCATED,
+                       f"the reply was cut at the output limit ({limit} tokens): raise "
+                       "--commbench-max-tokens or the model's max_tokens")
     template = task.template.read_text(encoding="utf-8")
     solution = regions.merge_reply(template, reply.text)
     settings.work.mkdir(parents=True, exist_ok=True)
@@ -489,7 +511,19 @@ def _interleave(plan: Plan, artifacts: dict[str, Path], lease_env: dict[str, str
     rounds = settings.rounds if timed else 1
     most = max(rounds, settings.max_rounds) if timed and settings.reps > 0 else rounds
     rnd = 0
-    while rnd < rounds or (rnd < most and _imprecise(times, plan, record)):
+    contended = False
+
+    def more() -> bool:
+        """Another round past the minimum: while the speedup is imprecise, unless the host
+        is contended (more CPUs busy than there are: no number of rounds makes that timing
+        readable, so none are paid for; the summary says the speedup is not to be read)."""
+        nonlocal contended
+        if rnd >= most or not _imprecise(times, plan, record):
+            return False
+        contended = bool(load.stop(plan.world)["contended"])
+        return not contended
+
+    while rnd < rounds or more():
         for who in (order if rnd % 2 == 0 else order[::-1]):
             job_dir = settings.work / f"{who}{rnd}"
             # the reference's jobs time and check fresh inputs, but skip the trials (only
@@ -519,6 +553,8 @@ def _interleave(plan: Plan, artifacts: dict[str, Path], lease_env: dict[str, str
             for cid, per_role in phases.items()}
     if timed:
         record["timing_rounds"] = rnd
+        if contended:
+            record["timing_stopped"] = "contended"
         record["_imprecise"] = _imprecise(times, plan, record)
         # every rank keeps a CPU busy (MPI progress, a spinning device synchronize)
         record["host_load"] = load.stop(plan.world)

@@ -101,6 +101,8 @@ class Option:
     help: str
     flag: bool = False  # given on the command line with no value
     cli: bool = True  # False: an ini key (and environment variable) only
+    # former names, still read (command line, environment, ini) with a warning to rename
+    aliases: tuple[str, ...] = ()
 
 
 MODEL_DESC = "where solutions come from: reference, template, mutants, dir:PATH or a registered model"
@@ -127,7 +129,7 @@ PRECISION_DESC = ("relative uncertainty of an item's speedup (standard error, fr
 REPS_DESC = "timed repetitions per size per job (default 10)"
 WARMUP_DESC = "untimed warm-up calls per size per job (default 2)"
 BUDGET_DESC = ("seconds of timed work per size per job; repetitions go on past --commbench-reps "
-               "until it is spent (default 0.25)")
+               "until it is spent (default 0.25; formerly --commbench-budget)")
 MAX_REPS_DESC = "at most this many timed repetitions per size per job (default 200)"
 KEEP_DESC = "keep the scratch directories of passing items too"
 RANKS_PER_GPU_DESC = ("shared placement: put up to N ranks on one GPU, so an item of W ranks runs "
@@ -149,6 +151,9 @@ MODELS_FILE_DESC = "a TOML file of models that extends or overrides the shipped 
 REGENERATE_DESC = ("ask the model again even where the runs directory keeps a reply for the "
                    "task (otherwise kept replies are reused and no request is sent)")
 REQUEST_TIMEOUT_DESC = "seconds one request to a model may take (default 900)"
+MAX_TOKENS_DESC = ("output tokens a model may use for one reply, reasoning included (default: "
+                   "the registry's max_tokens; a server that lists its context length is "
+                   "asked for no more than fits after the prompt)")
 SAMPLES_DESC = ("independent answers per task (each an item, e.g. [np2-s1]); pass@k for every "
                 "k up to it in the summary (default 1)")
 TEMPERATURE_DESC = "sampling temperature (default: the registry's, else the provider's)"
@@ -182,7 +187,7 @@ OPTIONS: list[Option] = [
     Option("timing_precision", fraction, 0.03, PRECISION_DESC),
     Option("reps", count, 10, REPS_DESC),
     Option("warmup", count, 2, WARMUP_DESC),
-    Option("budget", nonnegative_seconds, 0.25, BUDGET_DESC),
+    Option("timing_budget", nonnegative_seconds, 0.25, BUDGET_DESC, aliases=("budget",)),
     Option("max_reps", count, 200, MAX_REPS_DESC),
     Option("check_only", _flag, False, CHECK_ONLY_DESC, flag=True),
     Option("keep", _flag, False, KEEP_DESC, flag=True),
@@ -194,6 +199,7 @@ OPTIONS: list[Option] = [
     Option("models_file", _text, None, MODELS_FILE_DESC),
     Option("regenerate", _flag, False, REGENERATE_DESC, flag=True),
     Option("request_timeout", seconds, 900.0, REQUEST_TIMEOUT_DESC),
+    Option("max_tokens", positive_count, None, MAX_TOKENS_DESC),
     Option("samples", positive_count, 1, SAMPLES_DESC),
     Option("temperature", _number(float, 0, True, "a temperature"), None, TEMPERATURE_DESC),
     Option("budget_usd", _number(float, 0, False, "US dollars"), None, BUDGET_USD_DESC),
@@ -206,7 +212,30 @@ OPTIONS: list[Option] = [
     Option("suites", _text, "suites", "suites root, to name tasks by relative path "
            "(default: suites)", cli=False),
 ]
+#: `pytest --help` lists the options in these groups, in this order (the rest under "run")
+GROUPS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "run": ("what runs, and where its results go", (
+        "model", "platform", "seed", "check_only", "timeout", "runs_dir", "scratch",
+        "build_cache", "resume", "keep", "unsandboxed")),
+    "models": ("asking models (registry models, openai:ID, anthropic:ID)", (
+        "rounds", "samples", "temperature", "budget_usd", "base_url", "models_file",
+        "regenerate", "request_timeout", "max_tokens", "agent", "max_debug", "knowledge",
+        "retrieval")),
+    "timing": ("timing against the reference", (
+        "timing_rounds", "timing_max_rounds", "timing_precision", "reps", "warmup",
+        "timing_budget", "max_reps")),
+    "placement": ("where ranks run on GPU machines", (
+        "ranks_per_gpu", "shared_node", "gpu_batch")),
+}
+
+
+def group_of(name: str) -> str:
+    return next((g for g, (_, names) in GROUPS.items() if name in names), "run")
+
+
 DEFAULTS = {o.name: o.default for o in OPTIONS}
+#: an option's former names (each still read, with a warning)
+ALIASES: dict[str, tuple[str, ...]] = {o.name: o.aliases for o in OPTIONS if o.aliases}
 #: how each option's text becomes its value (and what is wrong with it)
 PARSERS: dict[str, Callable[[str], Any]] = {o.name: o.parse for o in OPTIONS}
 #: options given on the command line as a flag, with no value
@@ -217,41 +246,70 @@ def flag_name(name: str) -> str:
     return "--platform" if name == "platform" else f"--commbench-{name.replace('_', '-')}"
 
 
-def labelled(name: str) -> Callable[[str], Any]:
-    """The command-line parser of an option: its errors name the option."""
+def labelled(name: str, shown: str | None = None) -> Callable[[str], Any]:
+    """The command-line parser of an option: its errors name the option as it was given
+    (`shown`: a former name)."""
     parse = PARSERS[name]
 
     def parse_argument(text: str):
         try:
             return parse(text)
         except pytest.UsageError as exc:
-            raise pytest.UsageError(f"{flag_name(name)}: {exc}") from None
+            raise pytest.UsageError(f"{shown or flag_name(name)}: {exc}") from None
 
     return parse_argument
 
 
 def lookup(config: pytest.Config, name: str) -> tuple[Any, str]:
-    """(value, where it came from): command line > environment > ini > default."""
-    value = config.getoption(f"commbench_{name}", None)
-    if value is not None and value is not False:
-        return value, flag_name(name)
+    """(value, where it came from): command line > environment > ini > default; at each
+    level the option's own name first, then its former names (see `renamed`)."""
+    names = (name, *ALIASES.get(name, ()))
+    for each in names:
+        value = config.getoption(f"commbench_{each}", None)
+        if value is not None and value is not False:
+            return value, flag_name(each)
     parse = PARSERS[name]
-    var = f"COMMBENCH_{name.upper()}"
-    env = os.environ.get(var)
-    if env not in (None, ""):
-        where = f"{var}={env!r} (environment)"
+    for each in names:
+        var = f"COMMBENCH_{each.upper()}"
+        env = os.environ.get(var)
+        if env not in (None, ""):
+            where = f"{var}={env!r} (environment)"
+            try:
+                return parse(env), where
+            except pytest.UsageError as exc:
+                raise pytest.UsageError(f"{where}: {exc}") from None
+    for each in names:
         try:
-            return parse(env), where
-        except pytest.UsageError as exc:
-            raise pytest.UsageError(f"{where}: {exc}") from None
-    ini = config.getini(f"commbench_{name}")
-    if ini not in (None, "", []):
-        where = f"commbench_{name} = {ini!r} (ini file {config.inipath})"
-        try:
-            return parse(ini), where
-        except pytest.UsageError as exc:
-            raise pytest.UsageError(f"{where}: {exc}") from None
+            ini = config.getini(f"commbench_{each}")
+        except ValueError:  # a former name not registered (a plugin's own config)
+            continue
+        if ini not in (None, "", []):
+            where = f"commbench_{each} = {ini!r} (ini file {config.inipath})"
+            try:
+                return parse(ini), where
+            except pytest.UsageError as exc:
+                raise pytest.UsageError(f"{where}: {exc}") from None
     return DEFAULTS.get(name), f"{flag_name(name)} (default)"
+
+
+def given(config: pytest.Config, name: str) -> bool:
+    """Whether the user set this option (anywhere), rather than leaving its default."""
+    return name in PARSERS and not lookup(config, name)[1].endswith("(default)")
+
+
+def renamed(config: pytest.Config) -> list[str]:
+    """One line per option given under a former name: what it is called now."""
+    lines = []
+    for name, former in ALIASES.items():
+        where = lookup(config, name)[1]
+        for old in former:
+            for spelled, now in ((flag_name(old), flag_name(name)),
+                                 (f"COMMBENCH_{old.upper()}=", f"COMMBENCH_{name.upper()}"),
+                                 (f"commbench_{old} ", f"commbench_{name}")):
+                if where == spelled or where.startswith(spelled):
+                    lines.append(f"{spelled.rstrip('= ')} is now {now} (the former name is "
+                                 "still read)")
+    return lines
 
 
 def setting(config: pytest.Config, name: str) -> Any:
@@ -555,7 +613,7 @@ def create(config: pytest.Config) -> CommbenchState:
         budget_usd=setting(config, "budget_usd"),
         reps=reps,
         warmup=int(setting(config, "warmup")),
-        budget=float(setting(config, "budget")),
+        budget=float(setting(config, "timing_budget")),
         max_reps=max(int(setting(config, "max_reps")), reps),
         timeout=None if timeout is None else float(timeout),
         keep=bool(setting(config, "keep")),

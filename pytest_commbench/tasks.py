@@ -6,6 +6,7 @@ clear line instead of a traceback.
 
 from __future__ import annotations
 
+import functools
 import math
 import sys
 from collections.abc import Container
@@ -346,3 +347,42 @@ def load_task(manifest: Path, suites_root: Path, platforms: Container[str] | Non
         template=template,
         prompt=prompt,
     )
+
+
+def task_hash(task: Task, references: Path) -> str:
+    """A digest of everything that makes the task what it is: its folder (manifest, prompt,
+    template and any file they name), its hidden reference, and the oracle's code (the check
+    module of its op and the checks' shared base). Results of a task whose hash differs were
+    measured against another task, and reports keep them apart."""
+    return _task_hash(str(task.dir), str(Path(references) / task.relpath), task.check.op)
+
+
+@functools.cache
+def _task_hash(task_dir: str, ref_dir: str, op: str) -> str:
+    import hashlib
+
+    from . import checks
+
+    digest = hashlib.sha256()
+
+    def add(label: str, path: Path) -> None:
+        try:
+            data = path.read_bytes()
+        except OSError:
+            data = b"(unreadable)"
+        digest.update(f"{label}\0{len(data)}\0".encode())
+        digest.update(data)
+
+    for root, label in ((Path(task_dir), "task"), (Path(ref_dir), "reference")):
+        if root.is_dir():
+            for path in sorted(p for p in root.rglob("*") if p.is_file()):
+                if "__pycache__" not in path.parts:
+                    add(f"{label}/{path.relative_to(root).as_posix()}", path)
+    try:
+        module = sys.modules[type(checks.get(op)).__module__]
+        files = {Path(module.__file__), Path(checks.__file__).with_name("base.py")}
+    except (KeyError, AttributeError, TypeError):
+        files = set()
+    for path in sorted(files):
+        add(f"oracle/{path.name}", path)
+    return digest.hexdigest()[:16]

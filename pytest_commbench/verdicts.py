@@ -14,6 +14,9 @@ class Verdict(str, Enum):
     TAMPERED = "tampered"
     FORBIDDEN = "forbidden"
     NO_SOLUTION = "no_solution"
+    # the reply was cut at the output-token limit (finish_reason "length", stop_reason
+    # "max_tokens"): neither built nor run, and counted against the model like no_solution
+    TRUNCATED = "truncated"
     INFRA_ERROR = "infra_error"
     SKIPPED = "skipped"
 
@@ -31,6 +34,7 @@ MODEL_FAILURES = frozenset(
         Verdict.TAMPERED,
         Verdict.FORBIDDEN,
         Verdict.NO_SOLUTION,
+        Verdict.TRUNCATED,
     }
 )
 #: verdicts that leave a task out of the denominators

@@ -21,7 +21,7 @@ commbench_runs_dir = runs
 commbench_timing_rounds = 1
 commbench_timing_max_rounds = 1
 commbench_reps = 3
-commbench_budget = 0
+commbench_timing_budget = 0
 commbench_warmup = 1
 """
 CHECK_ONLY = "commbench_check_only = true\n"

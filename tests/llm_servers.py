@@ -8,8 +8,25 @@ Anthropic Messages API for the official SDKs to talk to it in tests.
 
 Each request to the provider's endpoint takes the next step of the script (the last step repeats
 forever). A step is a dict with optional keys: "status" (int, 200), "text" (str, the reply),
-"delay_s" (float, sleep before answering), "usage" ({"in": int, "out": int}) and "headers" (extra
-response headers, which override the defaults, e.g. {"retry-after-ms": "1"} on a 500).
+"delay_s" (float, sleep before answering), "usage" ({"in": int, "out": int, and optionally
+"reasoning": int, the reasoning tokens among "out"}), "headers" (extra
+response headers, which override the defaults, e.g. {"retry-after-ms": "1"} on a 500) and
+"finish" (the finish reason: OpenAI's "stop" or "length", Anthropic's "end_turn" or
+"max_tokens"; default the first).
+
+A request with `"stream": true` is answered as the providers stream, server-sent events over a
+response that ends when the connection closes: OpenAI's `chat.completion.chunk`s (a role chunk,
+reasoning deltas as vLLM and DeepSeek send them, `delta.reasoning_content`, content deltas, a
+chunk with the finish reason, with `stream_options.include_usage` a last chunk of no choices and
+the usage, then `data: [DONE]`), Anthropic's `message_start`, `ping`, a `thinking` block,
+a `text` block of `text_delta`s, `message_delta` (stop reason, output tokens), `message_stop`.
+Streaming keys of a step: "chunks" (int, how many content deltas the text is cut into, 1),
+"reasoning" (str, sent as reasoning or thinking deltas before the text, in as many chunks),
+"gap_s" (float, the pause before each chunk) and "stall_s" (float, one pause half-way through).
+
+`ScriptedServer("openai", script, models={"coder": 32768})` also lists those models under GET
+/v1/models (and /v1/models/ID), each with its `max_model_len` as vLLM and SGLang do; without
+`models` those paths are a 404, as they are on servers that do not list their models.
 """
 
 from __future__ import annotations
@@ -32,11 +49,12 @@ RETRY_NOW = {"retry-after": "0", "retry-after-ms": "1", "x-should-retry": "true"
 
 
 class ScriptedServer:
-    def __init__(self, kind: str, script: list[dict]) -> None:
+    def __init__(self, kind: str, script: list[dict], models: dict[str, int] | None = None) -> None:
         if kind not in ENDPOINTS:
             raise ValueError(f"kind must be one of {sorted(ENDPOINTS)}, not {kind!r}")
         self.kind = kind
         self.script = list(script) or [{}]
+        self.models = dict(models or {})  # id -> max_model_len, listed under GET /v1/models
         self.requests: list[dict] = []
         self.base_url = ""
         self._served = 0  # requests to the endpoint so far: the index of the next step
@@ -59,14 +77,24 @@ class ScriptedServer:
         self._httpd.server_close()
         self._thread.join(timeout=5)
 
+    @property
+    def asked(self) -> list[dict]:
+        """The requests to the provider's endpoint (not the model lists)."""
+        return [r for r in self.requests if r["path"].split("?")[0] == ENDPOINTS[self.kind]]
+
     def _next_step(self) -> dict:
         with self._lock:
             step = self.script[min(self._served, len(self.script) - 1)]
             self._served += 1
         return step
 
-    def _reply(self, method: str, path: str, body: object) -> tuple[int, dict, dict]:
-        """(status, JSON body, extra headers) for a request: the next step, or a 404."""
+    def _reply(self, method: str, path: str, body: object) -> tuple[int, object, dict]:
+        """(status, JSON body or an iterator of server-sent events, extra headers) for a
+        request: the next step, a model list, or a 404."""
+        if method == "GET" and self.kind == "openai" and self.models:
+            listed = self._model_list(path.split("?")[0])
+            if listed is not None:
+                return 200, listed, {}
         if method != "POST" or path.split("?")[0] != ENDPOINTS[self.kind]:
             return 404, self._error(404, f"Unknown path {method} {path}"), {}
         step = self._next_step()
@@ -78,7 +106,108 @@ class ScriptedServer:
         if status != 200:
             return status, self._error(status, f"Scripted error {status}"), headers
         model = body.get("model", "") if isinstance(body, dict) else ""
-        return 200, self._message(model, step.get("text", ""), step.get("usage", {})), headers
+        if isinstance(body, dict) and body.get("stream"):
+            usage = (self.kind == "anthropic"
+                     or bool((body.get("stream_options") or {}).get("include_usage")))
+            return 200, self._events(model, step, usage), headers
+        return 200, self._message(model, step.get("text", ""), step.get("usage", {}),
+                                  step.get("finish")), headers
+
+    def _model_list(self, path: str) -> dict | None:
+        entries = {name: {"id": name, "object": "model", "created": 1700000000,
+                          "owned_by": "vllm", "root": name, "parent": None,
+                          "max_model_len": length} for name, length in self.models.items()}
+        if path == "/v1/models":
+            return {"object": "list", "data": list(entries.values())}
+        return entries.get(path.removeprefix("/v1/models/"))
+
+    def _pause(self, seconds: float) -> None:
+        if seconds:
+            self._stopping.wait(seconds)
+
+    def _events(self, model: str, step: dict, usage: bool):
+        """The stream of one step, as the provider sends it (pauses between the events)."""
+        text, thought = step.get("text", ""), step.get("reasoning", "")
+        n = max(1, int(step.get("chunks", 1)))
+        pieces = [text[len(text) * i // n:len(text) * (i + 1) // n] for i in range(n)]
+        thoughts = [thought[len(thought) * i // n:len(thought) * (i + 1) // n]
+                    for i in range(n)] if thought else []
+        n_in, n_out = step.get("usage", {}).get("in", 100), step.get("usage", {}).get("out", 200)
+        n_think = step.get("usage", {}).get("reasoning")
+        gap, stall = float(step.get("gap_s", 0)), float(step.get("stall_s", 0))
+        if self.kind == "openai":
+            yield from self._openai_events(model, pieces, thoughts, step.get("finish") or "stop",
+                                           (n_in, n_out, n_think), usage, gap, stall)
+        else:
+            yield from self._anthropic_events(model, pieces, thoughts,
+                                              step.get("finish") or "end_turn",
+                                              (n_in, n_out, n_think), gap, stall)
+
+    def _openai_events(self, model, pieces, thoughts, finish, counts, usage, gap, stall):
+        n_in, n_out, n_think = counts
+        ident, created = f"chatcmpl-{uuid.uuid4().hex[:24]}", int(time.time())
+
+        def chunk(delta: dict, reason: str | None = None, choices: bool = True,
+                  counted: dict | None = None) -> bytes:
+            data = {"id": ident, "object": "chat.completion.chunk", "created": created,
+                    "model": model, "system_fingerprint": None,
+                    "choices": [{"index": 0, "delta": delta, "logprobs": None,
+                                 "finish_reason": reason}] if choices else []}
+            if usage:
+                data["usage"] = counted
+            return f"data: {json.dumps(data)}\n\n".encode()
+
+        yield chunk({"role": "assistant", "content": ""})
+        for piece in thoughts:
+            self._pause(gap)
+            yield chunk({"reasoning_content": piece})
+        for i, piece in enumerate(pieces):
+            self._pause(gap + (stall if i == len(pieces) // 2 else 0))
+            yield chunk({"content": piece})
+        yield chunk({}, finish)
+        if usage:
+            counted = {"prompt_tokens": n_in, "completion_tokens": n_out,
+                       "total_tokens": n_in + n_out}
+            if n_think is not None:
+                counted["completion_tokens_details"] = {"reasoning_tokens": n_think}
+            yield chunk({}, choices=False, counted=counted)
+        yield b"data: [DONE]\n\n"
+
+    def _anthropic_events(self, model, pieces, thoughts, finish, counts, gap, stall):
+        n_in, n_out, n_think = counts
+        def event(name: str, data: dict) -> bytes:
+            return f"event: {name}\ndata: {json.dumps({'type': name, **data})}\n\n".encode()
+
+        yield event("message_start", {"message": {
+            "id": f"msg_{uuid.uuid4().hex[:24]}", "type": "message", "role": "assistant",
+            "model": model, "content": [], "stop_reason": None, "stop_sequence": None,
+            "usage": {"input_tokens": n_in, "output_tokens": 1}}})
+        yield event("ping", {})
+        index = 0
+        if thoughts:
+            yield event("content_block_start", {"index": 0, "content_block": {
+                "type": "thinking", "thinking": "", "signature": ""}})
+            for piece in thoughts:
+                self._pause(gap)
+                yield event("content_block_delta", {"index": 0, "delta": {
+                    "type": "thinking_delta", "thinking": piece}})
+            yield event("content_block_delta", {"index": 0, "delta": {
+                "type": "signature_delta", "signature": "c2lnbmVk"}})
+            yield event("content_block_stop", {"index": 0})
+            index = 1
+        yield event("content_block_start", {"index": index, "content_block": {
+            "type": "text", "text": ""}})
+        for i, piece in enumerate(pieces):
+            self._pause(gap + (stall if i == len(pieces) // 2 else 0))
+            yield event("content_block_delta", {"index": index, "delta": {
+                "type": "text_delta", "text": piece}})
+        yield event("content_block_stop", {"index": index})
+        counted: dict = {"output_tokens": n_out}
+        if n_think is not None:
+            counted["output_tokens_details"] = {"thinking_tokens": n_think}
+        yield event("message_delta", {"delta": {"stop_reason": finish, "stop_sequence": None},
+                                      "usage": counted})
+        yield event("message_stop", {})
 
     def _error(self, status: int, message: str) -> dict:
         if self.kind == "openai":
@@ -88,21 +217,21 @@ class ScriptedServer:
         kind = ANTHROPIC_ERRORS.get(status, "api_error")
         return {"type": "error", "error": {"type": kind, "message": message}}
 
-    def _message(self, model: str, text: str, usage: dict) -> dict:
+    def _message(self, model: str, text: str, usage: dict, finish: str | None = None) -> dict:
         n_in, n_out = usage.get("in", 100), usage.get("out", 200)
         if self.kind == "openai":
             return {
                 "id": f"chatcmpl-{uuid.uuid4().hex[:24]}", "object": "chat.completion",
                 "created": int(time.time()), "model": model,
                 "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
-                             "logprobs": None, "finish_reason": "stop"}],
+                             "logprobs": None, "finish_reason": finish or "stop"}],
                 "usage": {"prompt_tokens": n_in, "completion_tokens": n_out,
                           "total_tokens": n_in + n_out},
             }
         return {
             "id": f"msg_{uuid.uuid4().hex[:24]}", "type": "message", "role": "assistant",
             "model": model, "content": [{"type": "text", "text": text}],
-            "stop_reason": "end_turn", "stop_sequence": None,
+            "stop_reason": finish or "end_turn", "stop_sequence": None,
             "usage": {"input_tokens": n_in, "output_tokens": n_out},
         }
 
@@ -123,17 +252,27 @@ class _Handler(BaseHTTPRequestHandler):
                                    "headers": {k.lower(): v for k, v in self.headers.items()},
                                    "body": body})
         status, payload, headers = owner._reply(self.command, self.path, body)
-        data = json.dumps(payload).encode()
+        streamed = not isinstance(payload, dict)
+        data = b"" if streamed else json.dumps(payload).encode()
         try:
             self.send_response(status)
-            self.send_header("content-type", "application/json")
-            self.send_header("content-length", str(len(data)))
+            if streamed:  # no length: the events end where the connection closes (HTTP/1.0)
+                self.send_header("content-type", "text/event-stream; charset=utf-8")
+                self.send_header("cache-control", "no-cache")
+            else:
+                self.send_header("content-type", "application/json")
+                self.send_header("content-length", str(len(data)))
             self.send_header("x-request-id" if owner.kind == "openai" else "request-id",
                              f"req_{uuid.uuid4().hex[:24]}")
             for name, value in headers.items():
                 self.send_header(name, value)
             self.end_headers()
-            self.wfile.write(data)
+            if not streamed:
+                self.wfile.write(data)
+                return
+            for event in payload:
+                self.wfile.write(event)
+                self.wfile.flush()
         except OSError:  # the client gave up (e.g. its timeout) and closed the connection
             self.close_connection = True
 

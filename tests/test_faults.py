@@ -261,7 +261,8 @@ def test_environment_and_ini_values_are_checked_like_the_command_line(bench, mon
 @pytest.mark.parametrize("args, message", [
     (["--commbench-timing-rounds=0"], "--commbench-timing-rounds: expected a whole number >= 1, got 0"),
     (["--commbench-timing-max-rounds=x"], "--commbench-timing-max-rounds: expected a whole number, got 'x'"),
-    (["--commbench-budget=-1"], "--commbench-budget: expected seconds >= 0"),
+    (["--commbench-timing-budget=-1"], "--commbench-timing-budget: expected seconds >= 0"),
+    (["--commbench-budget=-1"], "--commbench-budget: expected seconds >= 0"),  # former name
     (["--platform="], "--platform: expected a value"),
 ])
 def test_bad_command_line_values_name_the_option(bench, args, message):

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from ..tasks import Task
 
@@ -23,6 +24,14 @@ class Reply:
     rounds: int = 1
     # the source could not answer at all (an API outage): infra_error, not the model's fault
     infra_error: str | None = None
+    # the reply was cut at the output-token limit: the item's verdict is `truncated`
+    truncated: bool = False
+    # kept from an earlier item or run (no request sent): its tokens and cost are the ones
+    # recorded when it was asked (zero where another item of this run already counted them)
+    replayed: bool = False
+    # the request behind the reply (endpoint, model id, settings asked, usage, seconds,
+    # finish reason, cost and price source), as usage.json keeps it; None: no request
+    request: dict[str, Any] | None = None
 
 
 @dataclass

@@ -1,17 +1,41 @@
 """Asking a model: the official SDKs (`openai`, `anthropic`; optional extras), one request per
-generation, with the SDKs' own retries and back-off on 429 and 5xx, a timeout per request,
-and every failure turned into an outage message (the item's `infra_error`), never an
-exception out of the session."""
+generation, with the SDKs' own retries and back-off on 429 and 5xx, and every failure turned
+into an outage message (the item's `infra_error`), never an exception out of the session.
+
+Replies are streamed (a whole source file and the reasoning before it can take many minutes),
+so the request timeout is an idle limit: the SDK's read timeout, the longest wait for the next
+bytes of the stream (reasoning deltas count: they are activity, though not the reply), with
+one generous cap on the whole request besides. An OpenAI-compatible server that says how
+long its context is (vLLM and SGLang list `max_model_len` under GET /v1/models) is asked for
+no more output tokens than fit after the prompt."""
 
 from __future__ import annotations
 
+import math
 import os
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
+from typing import Any
 
 from .registry import ModelSpec
 
 SYSTEM = ("You are an expert in GPU communication (MPI, NCCL, NVSHMEM, CUDA). You complete "
           "benchmark tasks by editing only the marked regions of the file you are given.")
+
+
+# the whole of one streamed request at most, however steadily it streams: 64k output tokens
+# at 10 tokens/s (a slow reasoning model) take under two hours
+WHOLE_REQUEST_S = 4 * 3600.0
+# a prompt's tokens, estimated from its UTF-8 bytes without the model's tokenizer: BPE
+# tokenizers average about 4 bytes a token on English and code, and CJK text is 3 bytes a
+# character and seldom less than a token each; bytes / 3 over-counts both, so what is left
+# for the reply is under-estimated and the request fits
+BYTES_PER_TOKEN = 3
+# tokens kept free besides: the chat template's role markers and special tokens
+CONTEXT_MARGIN = 512
+# the context length of (endpoint, model) as its server lists it (None: it does not say),
+# asked once a session (a process: each xdist worker asks once)
+_CONTEXTS: dict[tuple[str, str], int | None] = {}
 
 
 @dataclass
@@ -20,63 +44,182 @@ class Generation:
     tokens_in: int = 0
     tokens_out: int = 0
     error: str | None = None  # the model could not be asked (no key, SDK missing, outage)
+    truncated: bool = False  # cut at the output-token limit
+    # what was asked and what came back: endpoint, model, settings, usage, finish reason
+    request: dict[str, Any] = field(default_factory=dict)
+
+
+class _Unasked(Exception):
+    """The request was not sent, or was given up: its message is the outage's."""
 
 
 def ask(spec: ModelSpec, prompt: str, base_url: str | None, timeout_s: float,
-        retries: int = 3, temperature: float | None = None) -> Generation:
+        retries: int = 3, temperature: float | None = None, max_tokens: int | None = None,
+        whole_s: float = WHOLE_REQUEST_S) -> Generation:
+    """One streamed request. `timeout_s` is the idle limit between chunks, `whole_s` the
+    cap on the whole request, `max_tokens` overrides the registry's output limit."""
+    request: dict[str, Any] = {
+        "provider": spec.provider, "endpoint": base_url or spec.base_url, "model": spec.model,
+        "max_tokens": max_tokens or spec.max_tokens, "reasoning_effort": spec.reasoning_effort,
+        "thinking": spec.thinking, "temperature": temperature, "stream": True}
     key = os.environ.get(spec.key_env, "")
     if not key:
-        return Generation(None, error=f"no API key: set {spec.key_env} for {spec.alias}")
+        return Generation(None, error=f"no API key: set {spec.key_env} for {spec.alias}",
+                          request=request)
     url = base_url or spec.base_url
+    started = time.monotonic()
+    cap = max(whole_s, timeout_s)
+
+    def check() -> None:
+        """Between chunks: the whole request's cap (a stall is the SDK's read timeout)."""
+        if time.monotonic() - started > cap:
+            raise _Unasked(f"the reply was still streaming after {cap:g} s, the cap on a "
+                           "whole request; given up")
+
     try:
         if spec.provider == "anthropic":
-            return _anthropic(spec, prompt, key, url, timeout_s, retries, temperature)
-        return _openai(spec, prompt, key, url, timeout_s, retries, temperature)
+            got = _anthropic(spec, prompt, key, url, timeout_s, retries, request, check)
+        else:
+            got = _openai(spec, prompt, key, url, timeout_s, retries, request, check)
     except ImportError as exc:
         extra = "anthropic" if spec.provider == "anthropic" else "openai"
-        return Generation(None, error=f"the {extra} SDK is not installed "
-                                      f"(pip install 'pytest-commbench[{extra}]'): {exc}")
+        got = Generation(None, error=f"the {extra} SDK is not installed "
+                                     f"(pip install 'pytest-commbench[{extra}]'): {exc}")
+    except _Unasked as exc:
+        got = Generation(None, error=str(exc))
     except Exception as exc:  # noqa: BLE001 - whatever the SDK raises is an outage
-        return Generation(None, error=f"{type(exc).__name__}: {str(exc)[:500]}")
+        got = Generation(None, error=_outage(exc, timeout_s))
+    request["seconds"] = round(time.monotonic() - started, 3)
+    got.request = request
+    return got
 
 
-def _openai(spec, prompt, key, url, timeout_s, retries, temperature) -> Generation:
+def _outage(exc: Exception, timeout_s: float) -> str:
+    """The provider's message; a timeout says which limit it was."""
+    text = f"{type(exc).__name__}: {str(exc)[:500]}"
+    if "Timeout" in type(exc).__name__:
+        text += (f" (nothing came for {timeout_s:g} s: --commbench-request-timeout is the "
+                 "longest wait for the next chunk of a reply)")
+    return text
+
+
+def _field(obj: Any, name: str) -> Any:
+    """A field of an SDK object, or of a server's extra (untyped) member, or of a dict."""
+    if isinstance(obj, dict):
+        return obj.get(name)
+    return getattr(obj, name, None)
+
+
+def _estimate(*texts: str) -> int:
+    return math.ceil(sum(len(t.encode("utf-8", "surrogateescape")) for t in texts)
+                     / BYTES_PER_TOKEN)
+
+
+def _context(client, endpoint: str, model: str, timeout_s: float) -> int | None:
+    """The model's context length as its server lists it (vLLM and SGLang: `max_model_len`;
+    others: `context_length` or `context_window`), None where it does not say or the list
+    cannot be had. Asked once per (endpoint, model) a session."""
+    key = (endpoint, model)
+    if key not in _CONTEXTS:
+        length = None
+        try:
+            listed = client.with_options(timeout=min(timeout_s, 30.0), max_retries=1)
+            for entry in listed.models.list().data:
+                if entry.id == model:
+                    for name in ("max_model_len", "context_length", "context_window"):
+                        value = _field(entry, name)
+                        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+                            length = value
+                            break
+                    break
+        except Exception:  # noqa: BLE001 - no list (a 404, a refusal): no limit known
+            length = None
+        _CONTEXTS[key] = length
+    return _CONTEXTS[key]
+
+
+def _fit(client, endpoint: str, model: str, prompt: str, limit: int, timeout_s: float) -> int:
+    """The output tokens to ask for: the limit, or less where the server's context leaves
+    less after the prompt; a prompt that leaves nothing is not sent."""
+    context = _context(client, endpoint, model, timeout_s)
+    if context is None:
+        return limit
+    estimate = _estimate(SYSTEM, prompt)
+    room = context - estimate - CONTEXT_MARGIN
+    if room < 1:
+        raise _Unasked(f"the prompt does not fit the context of {model} at {endpoint}: about "
+                       f"{estimate} tokens (its bytes / {BYTES_PER_TOKEN}) and a margin of "
+                       f"{CONTEXT_MARGIN} against the {context} tokens the server lists; not "
+                       "sent")
+    return min(limit, room)
+
+
+def _openai(spec, prompt, key, url, timeout_s, retries, request, check) -> Generation:
     import openai
 
     client = openai.OpenAI(api_key=key, base_url=url, timeout=timeout_s, max_retries=retries)
-    args = {"model": spec.model, "max_completion_tokens": spec.max_tokens,
-            "messages": [{"role": "system", "content": SYSTEM},
-                         {"role": "user", "content": prompt}]}
-    if spec.reasoning_effort:
-        args["reasoning_effort"] = spec.reasoning_effort
-    if temperature is not None:
-        args["temperature"] = temperature
-    if spec.extra_body:
-        args["extra_body"] = dict(spec.extra_body)
     with client:
-        done = client.chat.completions.create(**args)
-    text = done.choices[0].message.content if done.choices else None
-    usage = done.usage
-    return Generation(text, getattr(usage, "prompt_tokens", 0) or 0,
-                      getattr(usage, "completion_tokens", 0) or 0)
+        request["endpoint"] = str(client.base_url)  # the SDK's default where none was named
+        request["max_tokens"] = _fit(client, request["endpoint"], spec.model, prompt,
+                                     request["max_tokens"], timeout_s)
+        args = {"model": spec.model, "max_completion_tokens": request["max_tokens"],
+                "messages": [{"role": "system", "content": SYSTEM},
+                             {"role": "user", "content": prompt}],
+                "stream": True, "stream_options": {"include_usage": True}}
+        if spec.reasoning_effort:
+            args["reasoning_effort"] = spec.reasoning_effort
+        if request["temperature"] is not None:
+            args["temperature"] = request["temperature"]
+        if spec.extra_body:
+            args["extra_body"] = dict(spec.extra_body)
+        parts: list[str] = []
+        usage = finish = served = None
+        with client.chat.completions.create(**args) as stream:
+            for chunk in stream:  # reasoning deltas (reasoning_content) are not kept
+                check()
+                served = chunk.model or served
+                usage = chunk.usage or usage
+                for choice in chunk.choices or ():
+                    if choice.delta is not None and choice.delta.content:
+                        parts.append(choice.delta.content)
+                    finish = choice.finish_reason or finish
+                    usage = usage or _field(choice, "usage")  # Moonshot puts it there
+    n_in, n_out = _field(usage, "prompt_tokens"), _field(usage, "completion_tokens")
+    details = _field(usage, "completion_tokens_details")
+    request.update(served_model=served, tokens_in=n_in, tokens_out=n_out,
+                   reasoning_tokens=_field(details, "reasoning_tokens"), finish_reason=finish)
+    return Generation("".join(parts) or None, n_in or 0, n_out or 0,
+                      truncated=finish == "length")
 
 
-def _anthropic(spec, prompt, key, url, timeout_s, retries, temperature) -> Generation:
+def _anthropic(spec, prompt, key, url, timeout_s, retries, request, check) -> Generation:
     import anthropic
 
     client = anthropic.Anthropic(api_key=key, base_url=url, timeout=timeout_s,
                                  max_retries=retries)
-    args = {"model": spec.model, "max_tokens": spec.max_tokens, "system": SYSTEM,
+    args = {"model": spec.model, "max_tokens": request["max_tokens"], "system": SYSTEM,
             "messages": [{"role": "user", "content": prompt}]}
     if spec.thinking == "adaptive":
         args["thinking"] = {"type": "adaptive"}
-    elif temperature is not None:  # thinking and a temperature do not go together
-        args["temperature"] = temperature
+        request["temperature"] = None  # thinking and a temperature do not go together
+    elif request["temperature"] is not None:
+        args["temperature"] = request["temperature"]
     if spec.extra_body:
         args["extra_body"] = dict(spec.extra_body)
     with client:
-        done = client.messages.create(**args)
+        request["endpoint"] = str(client.base_url)
+        with client.messages.stream(**args) as stream:
+            for _event in stream:  # thinking deltas are activity; only text blocks are kept
+                check()
+            done = stream.get_final_message()
     text = "".join(block.text for block in done.content if getattr(block, "type", "") == "text")
     usage = done.usage
+    request.update(served_model=done.model, tokens_in=_field(usage, "input_tokens"),
+                   tokens_out=_field(usage, "output_tokens"),
+                   reasoning_tokens=_field(_field(usage, "output_tokens_details"),
+                                           "thinking_tokens"),
+                   finish_reason=done.stop_reason)
     return Generation(text or None, getattr(usage, "input_tokens", 0) or 0,
-                      getattr(usage, "output_tokens", 0) or 0)
+                      getattr(usage, "output_tokens", 0) or 0,
+                      truncated=done.stop_reason == "max_tokens")
+

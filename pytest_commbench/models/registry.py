@@ -22,8 +22,8 @@ PROVIDERS = ("openai", "anthropic")
 KEY_ENV = {"openai": "OPENAI_API_KEY", "anthropic": "ANTHROPIC_API_KEY"}
 FIELDS = {"provider": str, "model": str, "key_env": str, "base_url": str,
           "reasoning_effort": str, "thinking": str, "max_tokens": int, "temperature": float,
-          "price_in": float, "price_out": float, "open_weights": bool, "paper_price": float,
-          "extra_body": dict}
+          "price_in": float, "price_out": float, "price_ref": str, "open_weights": bool,
+          "paper_price": float, "extra_body": dict}
 
 
 class RegistryError(ValueError):
@@ -43,12 +43,16 @@ class ModelSpec:
     temperature: float | None = None
     price_in: float | None = None
     price_out: float | None = None
+    # genai-prices' "provider:model" for this model (prices.py); absent: found from the
+    # endpoint and the model id
+    price_ref: str | None = None
     open_weights: bool | None = None
     paper_price: float | None = None
     extra_body: dict[str, Any] = field(default_factory=dict)
 
     def cost(self, tokens_in: int, tokens_out: int) -> float | None:
-        """US dollars for these tokens, None where the prices are not known."""
+        """US dollars for these tokens at the models file's prices (price_in, price_out),
+        None where it sets none; `prices.cost` adds genai-prices' as the default."""
         if self.price_in is None or self.price_out is None:
             return None
         return (tokens_in * self.price_in + tokens_out * self.price_out) / 1e6
@@ -105,6 +109,13 @@ def _spec(alias: str, entry: dict[str, Any], path: Path) -> ModelSpec:
                             f"of {', '.join(PROVIDERS)}")
     values = {k: v for k, v in entry.items() if k in FIELDS}
     values.setdefault("key_env", KEY_ENV[entry["provider"]])
+    if ("price_in" in values) != ("price_out" in values):  # half a price is no price
+        raise RegistryError(f"{path}: models.{alias}: set both price_in and price_out "
+                            "(US dollars per million tokens), or neither")
+    ref = values.get("price_ref")
+    if ref is not None and not all(part.strip() for part in ref.partition(":")[::2]):
+        raise RegistryError(f"{path}: models.{alias}.price_ref: expected "
+                            f"\"PROVIDER:MODEL\" of genai-prices, got {ref!r}")
     for key in ("temperature", "price_in", "price_out", "paper_price"):
         if key in values:
             values[key] = float(values[key])

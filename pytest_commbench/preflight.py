@@ -1,0 +1,104 @@
+"""What is wrong with a run before its first item: one line each, before anything is spent.
+
+Refusals (a usage error, exit status 4): a platform named explicitly whose devices this machine
+does not show, a model that must be asked and has no API key. Warnings: options that do
+nothing for the model or platform chosen, options given under a former name. And after the
+session: a benchmark session in which no item ran is not a success (`no_item_ran`)."""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from .models.api import _safe
+from .session import flag_name, given, lookup, renamed, setting
+
+#: options that only models which can be asked use (their reason, for the warning)
+ASKED_ONLY = ("rounds", "samples", "temperature", "budget_usd", "base_url", "regenerate",
+              "request_timeout", "max_tokens", "agent")
+#: options of the timing, which --commbench-check-only switches off
+TIMING = ("timing_rounds", "timing_max_rounds", "timing_precision", "reps", "warmup",
+          "timing_budget", "max_reps", "shared_node")
+
+
+def refusals(config: pytest.Config, state: Any) -> list[str]:
+    lines = []
+    platform = state.platform
+    name, where = lookup(config, "platform")
+    visible = getattr(platform, "visible_gpus", None)
+    if visible is not None and given(config, "platform") and str(name) != "auto" \
+            and visible() == 0:
+        profile = getattr(platform, "profile", None)
+        what = f"{profile.model} GPUs" if profile is not None else "devices"
+        lines.append(f"{where}: platform {platform.name} needs {what}, and none is visible on "
+                     f"this machine{_visibility_hint()}; --platform=auto (the default) runs "
+                     "what this machine has")
+    key = _missing_key(config, state)
+    if key:
+        lines.append(key)
+    return lines
+
+
+def _visibility_hint() -> str:
+    hidden = os.environ.get("CUDA_VISIBLE_DEVICES")
+    return f" (CUDA_VISIBLE_DEVICES={hidden!r})" if hidden is not None else ""
+
+
+def _missing_key(config: pytest.Config, state: Any) -> str | None:
+    spec = getattr(state.model, "spec", None)
+    key_env = getattr(spec, "key_env", None)
+    if not key_env or os.environ.get(key_env):
+        return None
+    kept = Path(state.runs_dir) / "replies" / _safe(state.model.name)
+    if not setting(config, "regenerate") and kept.is_dir() and \
+            next(kept.rglob("reply.md"), None) is not None:
+        return None  # replies kept by an earlier run are judged without a request
+    where = lookup(config, "model")[1]
+    return (f"{where}: model {state.model.name} is asked through {key_env}, which is not set "
+            f"(export {key_env}=... before the run)")
+
+
+def warnings(config: pytest.Config, state: Any) -> list[str]:
+    lines = list(renamed(config))
+    model = state.model
+    asked = getattr(model, "spec", None) is not None
+    for name in ASKED_ONLY:
+        if given(config, name) and not asked:
+            lines.append(f"{flag_name(name)} does nothing for model {model.name}: only models "
+                         "that are asked (registry names, openai:ID, anthropic:ID) use it")
+    if setting(config, "check_only"):
+        for name in TIMING:
+            if given(config, name):
+                lines.append(f"{flag_name(name)} does nothing with --commbench-check-only "
+                             "(nothing is timed)")
+    if state.platform.backend == "cpu" and given(config, "gpu_batch"):
+        lines.append(f"{flag_name('gpu_batch')} does nothing on platform {state.platform.name} "
+                     "(CPU jobs batch short calls anyway)")
+    if state.platform.backend == "cpu" and given(config, "shared_node"):
+        lines.append(f"{flag_name('shared_node')} does nothing on platform "
+                     f"{state.platform.name} (it leases GPUs)")
+    return lines
+
+
+def check(config: pytest.Config, state: Any) -> None:
+    """At configure, on the process that runs the session (not an xdist worker)."""
+    if hasattr(config, "workerinput") or config.option.collectonly:
+        return
+    bad = refusals(config, state)
+    if bad:
+        raise pytest.UsageError("\n".join(bad))
+    for line in warnings(config, state):
+        config.issue_config_time_warning(pytest.PytestConfigWarning(line), stacklevel=2)
+
+
+def no_item_ran(records: list[dict]) -> str | None:
+    """Why a benchmark session ran nothing (every item skipped), or None."""
+    if not records or any(r.get("verdict") != "skipped" for r in records):
+        return None
+    reasons = Counter(str(r.get("message") or "skipped") for r in records)
+    listed = "; ".join(f"{n} x {why}" for why, n in reasons.most_common())
+    return f"no benchmark item ran: all {len(records)} skipped ({listed})"
