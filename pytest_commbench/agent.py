@@ -252,6 +252,7 @@ class Run:
     tokens_in: int = 0
     tokens_out: int = 0
     cost: float = 0.0
+    requests: list[dict[str, Any]] = field(default_factory=list)  # every step's request
     best: dict[str, Any] | None = None  # the best passing iteration's record
     best_text: str = ""
     failed: dict[str, Any] | None = None  # the failing attempt being debugged
@@ -349,6 +350,8 @@ class GeakAgent:
             run.tokens_in += reply.tokens_in
             run.tokens_out += reply.tokens_out
             run.cost += reply.cost or 0.0
+            if reply.request:
+                run.requests.append(reply.request)
             run.steps.append(step)
             if reply.infra_error:
                 return self._outage(run, reply.infra_error, step, started, added)
@@ -356,7 +359,9 @@ class GeakAgent:
                 run.analysis = reply.text or ""
                 continue
             iteration += 1
-            attempt = Candidate(candidate.id, candidate.kind, lambda r=reply: Reply(r.text))
+            # the step's reply as the model gave it (a cut reply is judged `truncated`)
+            attempt = Candidate(candidate.id, candidate.kind, lambda r=reply: Reply(
+                r.text, truncated=r.truncated, replayed=r.replayed, request=r.request))
             record = _attempt(task, world, attempt, platform, settings)
             text = record.pop("_reply", "") or ""
             record.pop("_imprecise", None)
@@ -431,7 +436,8 @@ class GeakAgent:
         first = run.history[0] if run.history else None
         return {
             "agent": self.label, "tokens_in": run.tokens_in, "tokens_out": run.tokens_out,
-            "cost": run.cost, "rounds": len(run.history), "round_history": run.history,
+            "cost": run.cost, "requests": run.requests,
+            "rounds": len(run.history), "round_history": run.history,
             "round": next((h["round"] for h in run.history if h["verdict"] == "pass"), None),
             "agent_calls": dict(run.calls), "agent_restarts": run.restarts,
             "agent_kept": run.kept, "agent_stop": stop,

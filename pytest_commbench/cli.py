@@ -315,8 +315,10 @@ def cmd_models(args: argparse.Namespace) -> int:
         settings = ", ".join(f"{k}={v}" for k, v in (("reasoning", s.reasoning_effort),
                                                      ("thinking", s.thinking),
                                                      ("extra", s.extra_body or None)) if v)
-        price = (f"{s.price_in:g}/{s.price_out:g}" if s.price_in is not None
-                 and s.price_out is not None else "unknown")
+        from .models.prices import per_million
+
+        known = per_million(s)
+        price = f"{known[0]:g}/{known[1]:g}" if known else "unknown"
         rows.append([s.alias, s.provider, s.model,
                      f"{s.key_env} ({'set' if os.environ.get(s.key_env) else 'not set'})",
                      s.base_url or "(SDK default)", settings or "-", price,

@@ -151,6 +151,7 @@ class TaskItem(pytest.Item):
             seed=state.item_seed(self.nodeid), work=state.work_dir / slug,
             cache=state.build_dir, references=state.references, rounds=state.rounds,
             max_rounds=state.max_rounds, precision=state.precision,
+            contended_stop=state.contended_stop,
             reps=state.reps, max_reps=state.max_reps, budget_s=state.budget,
             warmup=state.warmup, timeout=state.timeout, keep=state.keep,
             exclusive=state.exclusive, sandbox=state.sandboxed, hide=state.hidden,
@@ -246,7 +247,7 @@ def describe(record: dict[str, Any], headline: str) -> str:
 SUMMARY_KEYS = ("nodeid", "task", "title", "category", "library", "difficulty", "setup", "world",
                 "model", "candidate", "kind", "verdict", "message", "speedup", "speedup_se",
                 "timing_rounds", "timing_trust", "timing_stopped", "speedup_ci90", "host_load",
-                "check_only", "commbench_version", "task_hash",
+                "check_only", "commbench_version", "task_hash", "replayed", "price_source",
                 "band", "sizes", "rounds", "round", "round_history", "agent", "agent_calls",
                 "agent_restarts", "agent_kept", "agent_first",
                 "cost", "tokens_in", "tokens_out", "seed", "run")

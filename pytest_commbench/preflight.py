@@ -21,7 +21,8 @@ from .session import flag_name, given, lookup, renamed, setting
 ASKED_ONLY = ("rounds", "samples", "temperature", "budget_usd", "base_url", "regenerate",
               "request_timeout", "max_tokens", "agent")
 #: options of the timing, which --commbench-check-only switches off
-TIMING = ("timing_rounds", "timing_max_rounds", "timing_precision", "reps", "warmup",
+TIMING = ("timing_rounds", "timing_max_rounds", "timing_precision", "timing_contended", "reps",
+          "warmup",
           "timing_budget", "max_reps", "shared_node")
 
 

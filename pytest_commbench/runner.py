@@ -53,6 +53,7 @@ class Settings:
     rounds: int = 2  # interleaved reference/solution rounds at least ...
     max_rounds: int = 6  # ... and at most, while the speedup is less precise than
     precision: float = 0.03  # this (standard error of its log, from the jobs' scatter)
+    contended_stop: bool = True  # no rounds past the minimum where the host is contended
     reps: int = 10  # minimum timed repetitions per size and job
     max_reps: int = 200  # ... and the most, while the time budget lasts
     budget_s: float = 0.25  # timed seconds per size and job the repetitions may add up to
@@ -520,6 +521,8 @@ def _interleave(plan: Plan, artifacts: dict[str, Path], lease_env: dict[str, str
         nonlocal contended
         if rnd >= most or not _imprecise(times, plan, record):
             return False
+        if not settings.contended_stop:
+            return True
         contended = bool(load.stop(plan.world)["contended"])
         return not contended
 

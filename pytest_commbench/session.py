@@ -69,6 +69,16 @@ def _on_off(text: str) -> str:
     raise pytest.UsageError(f"expected on or off, got {text!r}")
 
 
+def _choice(*words: str) -> Callable[[str], str]:
+    def parse(text: str) -> str:
+        word = str(text).strip().lower()
+        if word not in words:
+            raise pytest.UsageError(f"expected one of {', '.join(words)}, got {text!r}")
+        return word
+
+    return parse
+
+
 def _text(text: str) -> str:
     if not str(text).strip():
         raise pytest.UsageError("expected a value, got nothing")
@@ -150,7 +160,11 @@ BASE_URL_DESC = ("endpoint of the model's server, in the form its SDK takes (Ope
 MODELS_FILE_DESC = "a TOML file of models that extends or overrides the shipped registry"
 REGENERATE_DESC = ("ask the model again even where the runs directory keeps a reply for the "
                    "task (otherwise kept replies are reused and no request is sent)")
-REQUEST_TIMEOUT_DESC = "seconds one request to a model may take (default 900)"
+REQUEST_TIMEOUT_DESC = ("seconds a streamed reply may go without a new chunk, reasoning included "
+                        "(default 900; a whole request is capped at 4 hours)")
+CONTENDED_DESC = ("stop (default): no timing rounds past --commbench-timing-rounds where the host "
+                  "is contended (more CPUs busy than there are: no number of rounds makes such a "
+                  "timing readable); continue: add them as elsewhere")
 MAX_TOKENS_DESC = ("output tokens a model may use for one reply, reasoning included (default: "
                    "the registry's max_tokens; a server that lists its context length is "
                    "asked for no more than fits after the prompt)")
@@ -185,6 +199,7 @@ OPTIONS: list[Option] = [
     Option("timing_rounds", positive_count, 2, TIMING_ROUNDS_DESC),
     Option("timing_max_rounds", positive_count, 6, MAX_ROUNDS_DESC),
     Option("timing_precision", fraction, 0.03, PRECISION_DESC),
+    Option("timing_contended", _choice("stop", "continue"), "stop", CONTENDED_DESC),
     Option("reps", count, 10, REPS_DESC),
     Option("warmup", count, 2, WARMUP_DESC),
     Option("timing_budget", nonnegative_seconds, 0.25, BUDGET_DESC, aliases=("budget",)),
@@ -222,7 +237,8 @@ GROUPS: dict[str, tuple[str, tuple[str, ...]]] = {
         "regenerate", "request_timeout", "max_tokens", "agent", "max_debug", "knowledge",
         "retrieval")),
     "timing": ("timing against the reference", (
-        "timing_rounds", "timing_max_rounds", "timing_precision", "reps", "warmup",
+        "timing_rounds", "timing_max_rounds", "timing_precision", "timing_contended",
+        "reps", "warmup",
         "timing_budget", "max_reps")),
     "placement": ("where ranks run on GPU machines", (
         "ranks_per_gpu", "shared_node", "gpu_batch")),
@@ -358,6 +374,7 @@ class CommbenchState:
     suites: Path
     rounds: int  # timing rounds (--commbench-timing-rounds)
     max_rounds: int
+    contended_stop: bool  # no rounds past the minimum on a contended host
     precision: float
     refine_rounds: int  # refinement rounds: model generations per task (--commbench-rounds)
     budget_usd: float | None  # no further rounds once a task's answers cost this much
@@ -608,6 +625,7 @@ def create(config: pytest.Config) -> CommbenchState:
         suites=root / setting(config, "suites"),
         rounds=int(setting(config, "timing_rounds")),
         max_rounds=int(setting(config, "timing_max_rounds")),
+        contended_stop=setting(config, "timing_contended") == "stop",
         precision=float(setting(config, "timing_precision")),
         refine_rounds=int(setting(config, "rounds")),
         budget_usd=setting(config, "budget_usd"),

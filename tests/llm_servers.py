@@ -7,7 +7,8 @@ Anthropic Messages API for the official SDKs to talk to it in tests.
         assert len(srv.requests) == 2
 
 Each request to the provider's endpoint takes the next step of the script (the last step repeats
-forever). A step is a dict with optional keys: "status" (int, 200), "text" (str, the reply),
+forever) and is kept in `srv.requests` (path, method, lower-cased headers, JSON body);
+`srv.all_requests` keeps every request, model lists and unknown paths too. A step is a dict with optional keys: "status" (int, 200), "text" (str, the reply),
 "delay_s" (float, sleep before answering), "usage" ({"in": int, "out": int, and optionally
 "reasoning": int, the reasoning tokens among "out"}), "headers" (extra
 response headers, which override the defaults, e.g. {"retry-after-ms": "1"} on a 500) and
@@ -55,7 +56,8 @@ class ScriptedServer:
         self.kind = kind
         self.script = list(script) or [{}]
         self.models = dict(models or {})  # id -> max_model_len, listed under GET /v1/models
-        self.requests: list[dict] = []
+        self.requests: list[dict] = []  # POSTs to the provider's endpoint: the asking
+        self.all_requests: list[dict] = []  # every request (model lists, unknown paths too)
         self.base_url = ""
         self._served = 0  # requests to the endpoint so far: the index of the next step
         self._lock = threading.Lock()
@@ -76,11 +78,6 @@ class ScriptedServer:
         self._httpd.shutdown()
         self._httpd.server_close()
         self._thread.join(timeout=5)
-
-    @property
-    def asked(self) -> list[dict]:
-        """The requests to the provider's endpoint (not the model lists)."""
-        return [r for r in self.requests if r["path"].split("?")[0] == ENDPOINTS[self.kind]]
 
     def _next_step(self) -> dict:
         with self._lock:
@@ -248,9 +245,11 @@ class _Handler(BaseHTTPRequestHandler):
         except ValueError:
             body = raw.decode("utf-8", "replace")
         with owner._lock:
-            owner.requests.append({"path": self.path,
-                                   "headers": {k.lower(): v for k, v in self.headers.items()},
-                                   "body": body})
+            seen = {"path": self.path, "method": self.command,
+                    "headers": {k.lower(): v for k, v in self.headers.items()}, "body": body}
+            owner.all_requests.append(seen)
+            if self.command == "POST" and self.path.split("?")[0] == ENDPOINTS[owner.kind]:
+                owner.requests.append(seen)
         status, payload, headers = owner._reply(self.command, self.path, body)
         streamed = not isinstance(payload, dict)
         data = b"" if streamed else json.dumps(payload).encode()

@@ -36,14 +36,14 @@ def spec(kind: str, **fields):
 
 
 def body(srv: ScriptedServer, n: int = 0) -> dict:
-    return srv.asked[n]["body"]
+    return srv.requests[n]["body"]
 
 
 def sent_limit(kind: str, sent: dict) -> int:
     return sent["max_completion_tokens"] if kind == "openai" else sent["max_tokens"]
 
 
-def prompt_bytes(kind: str, sent: dict) -> int:
+def prompt_bytes(sent: dict) -> int:
     """The UTF-8 bytes of everything the request asks the model to read."""
     texts = [m["content"] for m in sent["messages"]] + ([sent["system"]] if "system" in sent
                                                         else [])
@@ -61,14 +61,14 @@ def test_a_server_that_lists_a_32k_context_is_asked_for_what_fits():
         first = providers.ask(spec("openai", max_tokens=65536), prompt, srv.base_url, 5)
         second = providers.ask(spec("openai", max_tokens=65536), prompt, srv.base_url, 5)
     assert first.error is None and second.error is None
-    listed = [r for r in srv.requests if r["path"].startswith("/v1/models")]
-    assert len(listed) == 1 and len(srv.asked) == 2  # the context is kept for the session
+    listed = [r for r in srv.all_requests if r["path"].startswith("/v1/models")]
+    assert len(listed) == 1 and len(srv.requests) == 2  # the context is kept for the session
     for n in range(2):
         sent = body(srv, n)
         asked = sent["max_completion_tokens"]
         assert 0 < asked < 65536
-        assert asked + math.ceil(prompt_bytes("openai", sent) / 3) <= 32768
-        assert asked == 32768 - math.ceil(prompt_bytes("openai", sent) / 3) \
+        assert asked + math.ceil(prompt_bytes(sent) / 3) <= 32768
+        assert asked == 32768 - math.ceil(prompt_bytes(sent) / 3) \
             - providers.CONTEXT_MARGIN
     assert first.request["max_tokens"] == body(srv)["max_completion_tokens"]
 
@@ -83,7 +83,8 @@ def test_a_prompt_the_context_cannot_hold_is_an_outage_and_is_not_sent():
     with ScriptedServer("openai", [{"text": "never"}], models={"coder": 1000}) as srv:
         got = providers.ask(spec("openai"), "y" * 6000, srv.base_url, 5)
     assert got.text is None and "does not fit the context of coder" in got.error
-    assert "1000 tokens" in got.error and srv.asked == []
+    assert "1000 tokens" in got.error and srv.requests == []
+    assert [r["path"] for r in srv.all_requests] == ["/v1/models"]
 
 
 def test_a_server_that_lists_other_models_or_none_leaves_the_limit_alone():
@@ -139,20 +140,21 @@ def test_a_stall_between_chunks_longer_than_the_idle_limit_is_an_outage(kind):
         took = time.monotonic() - start
     assert got.text is None and "Timeout" in got.error and "next chunk" in got.error
     assert took < 3.5  # given up at the idle limit, not at the end of the stall
-    assert len(srv.asked) == 1  # a stream that started is not asked again
+    assert len(srv.requests) == 1  # a stream that started is not asked again
 
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_a_slow_but_steady_stream_passes_the_idle_limit(kind):
-    """Twelve chunks 0.25 s apart (and reasoning before them): three seconds in all, thrice
-    the one-second idle limit, yet never a second without a chunk."""
-    script = [{"text": "abcdefghijkl", "reasoning": "hmm" * 4, "chunks": 12, "gap_s": 0.25}]
+    """Six reasoning chunks, then six of the reply, 0.25 s apart: 1.5 s of reasoning before
+    the first byte of the reply and three seconds in all, past the one-second idle limit,
+    yet never a second without a chunk (reasoning is activity, though not the reply)."""
+    script = [{"text": "abcdef", "reasoning": "hmmhmm", "chunks": 6, "gap_s": 0.25}]
     with ScriptedServer(kind, script) as srv:
         start = time.monotonic()
         got = providers.ask(spec(kind), "p", srv.base_url, 1.0)
         took = time.monotonic() - start
-    assert got.error is None and got.text == "abcdefghijkl"
-    assert took > 2.0 and got.request["seconds"] > 2.0
+    assert got.error is None and got.text == "abcdef"
+    assert took > 2.5 and got.request["seconds"] > 2.5
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -172,7 +174,7 @@ def test_a_rate_limit_then_a_success_gives_the_success(kind):
     with ScriptedServer(kind, script) as srv:
         got = providers.ask(spec(kind), "p", srv.base_url, 5)
     assert (got.text, got.error, got.tokens_in, got.tokens_out) == ("after the limit", None, 5, 6)
-    assert len(srv.asked) == 2
+    assert len(srv.requests) == 2
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -181,7 +183,7 @@ def test_server_errors_past_the_retries_are_an_outage_with_the_providers_message
     with ScriptedServer(kind, [{"status": 503, "headers": headers}]) as srv:
         got = providers.ask(spec(kind), "p", srv.base_url, 5, retries=2)
     assert got.text is None and "Scripted error 503" in got.error
-    assert len(srv.asked) == 3  # the first try and two retries
+    assert len(srv.requests) == 3  # the first try and two retries
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -218,5 +220,5 @@ def test_without_a_key_nothing_is_sent_and_the_request_is_still_described(monkey
     monkeypatch.delenv("OPENAI_API_KEY")
     with ScriptedServer("openai", [{"text": "x"}]) as srv:
         got = providers.ask(spec("openai"), "p", srv.base_url, 5)
-    assert "OPENAI_API_KEY" in got.error and srv.requests == []
+    assert "OPENAI_API_KEY" in got.error and srv.all_requests == []
     assert got.request["model"] == "coder" and got.request["endpoint"] == srv.base_url

@@ -38,7 +38,8 @@ def test_the_shipped_registry_has_the_papers_models_and_their_settings():
     assert specs["claude-opus-4.7"].provider == "anthropic"
     assert specs["claude-opus-4.7"].thinking == "adaptive"
     assert specs["qwen-3.7-max"].extra_body == {"enable_thinking": False}
-    assert specs["kimi"].cost(1000, 1000) is None  # no price shipped: the cost is unknown
+    # no models-file price shipped: genai-prices' is the default (models/prices.py)
+    assert specs["kimi"].cost(1000, 1000) is None and specs["kimi"].price_ref
 
 
 def test_a_user_file_overrides_fields_and_adds_models(tmp_path):
@@ -137,7 +138,7 @@ def test_a_passing_reply_is_kept_and_a_second_run_sends_nothing(bench, monkeypat
     # the same runs dir: the kept reply is used, the server (a new one) hears nothing
     with _servers().ScriptedServer("openai", [{"status": 500}]) as srv:
         bench.run("--commbench-model=openai:coder", f"--commbench-base-url={srv.base_url}")
-        assert srv.requests == []
+        assert srv.all_requests == []  # not even a model list
     verdicts = [r["verdict"] for r in bench.records() if r["nodeid"] == NODE]
     assert verdicts == [first, first] == ["pass", "pass"]
 
@@ -167,11 +168,11 @@ def test_an_outage_is_an_infra_error_and_the_session_goes_on(bench, monkeypatch,
     assert not list((bench.root / "runs" / "replies").rglob("reply.md"))  # nothing kept
 
 
-def test_a_missing_key_is_an_infra_error_naming_the_variable(bench, monkeypatch):
-    _, requests = _run(bench, monkeypatch, "openai", [{"text": "x"}], key=False)
-    record = _only(bench)
-    assert record["verdict"] == "infra_error" and "OPENAI_API_KEY" in record["message"]
-    assert requests == []
+def test_a_missing_key_is_a_usage_error_naming_the_variable(bench, monkeypatch):
+    """Refused before any item runs (the preflight), and nothing is sent."""
+    result, requests = _run(bench, monkeypatch, "openai", [{"text": "x"}], key=False)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR and "OPENAI_API_KEY" in result.stderr.str()
+    assert requests == [] and bench.records() == []
 
 
 def test_an_unknown_or_broken_model_name_is_a_usage_error(bench, tmp_path):
@@ -218,7 +219,7 @@ def test_refinement_rounds_feed_the_verdict_back_and_price_every_round(bench, mo
         bench.run(*args, f"--commbench-base-url={srv.base_url}")
         # the kept replies are replayed, and the conversation ends where it ended before
         # (even where this run times round 2 differently)
-        assert srv.requests == []
+        assert srv.all_requests == []  # not even a model list
     again = [r for r in bench.records() if r["nodeid"] == NODE][-1]
     assert again["verdict"] == "pass" and again["round"] == 2
 
@@ -298,3 +299,134 @@ def test_a_rerun_ends_the_conversation_where_it_ended_before(monkeypatch, tmp_pa
     asked.clear()
     runner.run_candidate(None, 2, candidate, None, settings)  # nothing ended: all 3 rounds
     assert asked == [1, 2, 3] and ends == {}
+
+
+# -- endpoints, prices, replays -----------------------------------------------------------------
+
+CUT = {"openai": "length", "anthropic": "max_tokens"}
+
+
+@pytest.mark.parametrize("kind", ["openai", "anthropic"])
+def test_a_reply_cut_at_the_token_limit_is_truncated_and_never_run(bench, monkeypatch, kind):
+    """A reply that would pass, but cut at the output limit: verdict `truncated` (a model
+    failure that fails the item and counts against the model), neither built nor run, its
+    message naming the limit asked (--commbench-max-tokens)."""
+    from pytest_commbench.scoring import score
+
+    result, requests = _run(bench, monkeypatch, kind,
+                            [{"text": _region(REF), "finish": CUT[kind]}],
+                            "--commbench-max-tokens=1234")
+    record = _only(bench)
+    assert record["verdict"] == "truncated", record["message"]
+    assert "cut at the output limit (1234 tokens)" in record["message"]
+    assert "--commbench-max-tokens" in record["message"]
+    assert record["requests"][0]["finish_reason"] == CUT[kind]
+    sent = requests[0]["body"]
+    assert sent["max_completion_tokens" if kind == "openai" else "max_tokens"] == 1234
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    result.stdout.fnmatch_lines(["*verdict truncated*"])
+    assert not list((bench.root / "runs").rglob("solution.py"))  # never built
+    scores = score(bench.records())
+    assert (scores.applicable, scores.passes) == (1, 0)  # a fail, not "not applicable"
+
+
+def test_a_registry_model_is_priced_by_genai_prices_and_a_rerun_replays_its_cost(
+        bench, monkeypatch):
+    """Kimi (genai-prices: moonshotai kimi-k2.6 at $0.95 in / $4.00 out per million tokens):
+    1500 tokens in and 700 out cost 1500 * 0.95e-6 + 700 * 4e-6 = $0.004225. The result line
+    lists the request (endpoint, model id, settings, usage) and the price source; a rerun on
+    the same runs directory sends nothing, and its line has the same cost and tokens, marked
+    replayed."""
+    pytest.importorskip("openai")
+    bench.add_task(TASK, ranks=2)
+    monkeypatch.setenv("MOONSHOT_API_KEY", "test-key")
+    script = [{"text": _region(REF), "usage": {"in": 1500, "out": 700}}]
+    with _servers().ScriptedServer("openai", script) as srv:
+        bench.run("--commbench-model=kimi", f"--commbench-base-url={srv.base_url}")
+        assert len(srv.requests) == 1
+    first = _only(bench)
+    assert first["verdict"] == "pass" and first["cost"] == pytest.approx(0.004225)
+    assert first["replayed"] is False
+    source = first["price_source"]
+    assert source["source"] == "genai-prices" and source["version"] == "0.2.3"
+    assert (source["provider"], source["model"]) == ("moonshotai", "kimi-k2.6")
+    assert source["data_date"]
+    (request,) = first["requests"]
+    assert request["endpoint"].rstrip("/") == srv.base_url and request["model"] == "kimi-k2.6"
+    assert request["max_tokens"] == 65536 and request["stream"] is True  # the registry's
+    assert (request["tokens_in"], request["tokens_out"]) == (1500, 700)
+    assert request["finish_reason"] == "stop" and request["seconds"] >= 0
+    assert request["cost"] == pytest.approx(0.004225) and request["replayed"] is False
+    (usage_file,) = (bench.root / "runs" / "replies").rglob("usage.json")
+    usage = json.loads(usage_file.read_text())
+    assert usage["price"] == source and usage["request"]["model"] == "kimi-k2.6"
+    with _servers().ScriptedServer("openai", [{"status": 500}]) as srv:
+        bench.run("--commbench-model=kimi", f"--commbench-base-url={srv.base_url}")
+        assert srv.all_requests == []  # not even a model list
+    again = [r for r in bench.records() if r["nodeid"] == NODE][-1]
+    assert again["run"] != first["run"] and again["verdict"] == "pass"
+    assert again["cost"] == pytest.approx(first["cost"]) and again["replayed"] is True
+    assert (again["tokens_in"], again["tokens_out"]) == (1500, 700)
+    assert again["requests"][0]["replayed"] is True and again["price_source"] == source
+
+
+def test_a_models_file_price_overrides_genai_prices_in_a_run(bench, monkeypatch, tmp_path):
+    pytest.importorskip("openai")
+    bench.add_task(TASK, ranks=2)
+    monkeypatch.setenv("MOONSHOT_API_KEY", "test-key")
+    models = tmp_path / "models.toml"
+    models.write_text("[models.kimi]\nprice_in = 1.0\nprice_out = 2.0\n")
+    script = [{"text": _region(REF), "usage": {"in": 1500, "out": 700}}]
+    with _servers().ScriptedServer("openai", script) as srv:
+        bench.run("--commbench-model=kimi", f"--commbench-models-file={models}",
+                  f"--commbench-base-url={srv.base_url}")
+    record = _only(bench)
+    assert record["cost"] == pytest.approx((1500 * 1.0 + 700 * 2.0) / 1e6)  # not 0.004225
+    assert record["price_source"] == {"source": "models file", "price_in": 1.0,
+                                      "price_out": 2.0}
+
+
+def test_a_budget_with_a_model_of_unknown_price_is_a_usage_error(bench, monkeypatch):
+    """openai:coder on a local server has no price: a budget could never stop its rounds."""
+    result, requests = _run(bench, monkeypatch, "openai", [{"text": _region(REF)}],
+                            "--commbench-budget-usd=0.5")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    stderr = result.stderr.str()
+    assert "needs the price of model openai:coder" in stderr and "price_in" in stderr
+    assert requests == [] and bench.records() == []
+
+
+def test_the_budget_counts_replayed_answers_at_every_world_size_and_on_a_rerun(
+        bench, monkeypatch, tmp_path):
+    """Two world sizes share each round's answer ($0.01 each, every one wrong) under a
+    $0.015 budget: np2 asks rounds 1 and 2, np4 replays them, and both stop at round 2 (the
+    replayed cost counts toward np4's budget), so two requests in all; the run's spend, each
+    answer counted once, is $0.02. A rerun replays both rounds, stops at round 2 at both
+    sizes, sends nothing and reports the same spend."""
+    from pytest_commbench.scoring import per_task
+
+    pytest.importorskip("openai")
+    bench.add_task(TASK, ranks="2, 4")
+    monkeypatch.setenv("OPENAI_API_KEY", "test-key")
+    models = tmp_path / "models.toml"
+    models.write_text('[models.scripted]\nprovider = "openai"\nmodel = "coder"\n'
+                      'price_in = 1.0\nprice_out = 1.0\n')
+    args = ["--commbench-model=scripted", f"--commbench-models-file={models}",
+            "--commbench-rounds=5", "--commbench-budget-usd=0.015", "-p", "no:randomly"]
+    script = [{"text": "no code", "usage": {"in": 5000, "out": 5000}}]
+    with _servers().ScriptedServer("openai", script) as srv:
+        bench.run(*args, f"--commbench-base-url={srv.base_url}")
+        assert len(srv.requests) == 2
+    first = bench.records()
+    assert sorted(r["world"] for r in first) == [2, 4]
+    assert [r["rounds"] for r in first] == [2, 2]
+    assert sum(r["cost"] for r in first) == pytest.approx(0.02)
+    assert all(len(r["requests"]) == 2 and sum(q["cost"] for q in r["requests"])
+               == pytest.approx(0.02) for r in first)
+    assert per_task(first)[0]["cost"] == pytest.approx(0.02)
+    with _servers().ScriptedServer("openai", [{"status": 500}]) as srv:
+        bench.run(*args, f"--commbench-base-url={srv.base_url}")
+        assert srv.all_requests == []  # not even a model list
+    again = bench.records()[len(first):]
+    assert [r["rounds"] for r in again] == [2, 2] and all(r["replayed"] for r in again)
+    assert per_task(again)[0]["cost"] == pytest.approx(0.02)
