@@ -89,6 +89,8 @@ from dataclasses import dataclass
 from fnmatch import fnmatchcase
 from pathlib import Path
 
+from .rank.protocol import ENV_GUARD_REPORT, GUARD_EXIT
+
 log = logging.getLogger(__name__)
 
 RECIPE_VERSION = "cupti-1"
@@ -97,10 +99,9 @@ SOURCE = Path(__file__).parent / "rank" / "cupti_guard.c"
 LIBRARY_NAME = "libcommbench_cupti.so"
 HEADER_NAME = "commbench_cupti.h"
 GUARD_ENV = "COMMBENCH_CUPTI_GUARD"  # where the rank harness finds the library to load
-REPORT_ENV = "COMMBENCH_GUARD_REPORT"  # the interposer's: one report file per rank for both
+REPORT_ENV = ENV_GUARD_REPORT  # the interposer's: one report file per rank for both
 ARM_SYMBOL = "commbench_guard_cupti_arm"  # int (const char *solution_path); 0 when armed
 CHECK_SYMBOL = "commbench_guard_cupti_check"  # int (void); 0 when the guard still runs
-GUARD_EXIT = 86  # a forbidden call (the interposer's and the audit hook's code)
 
 # Libraries a task may let the solution call that make forbidden CUDA calls of their own,
 # by the task's library/requires: their objects' file names.

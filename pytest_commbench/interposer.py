@@ -37,6 +37,7 @@ from fnmatch import fnmatchcase
 from pathlib import Path
 
 from . import jobfiles
+from .rank.protocol import ENV_GUARD_REPORT, GUARD_EXIT
 
 log = logging.getLogger(__name__)
 
@@ -44,9 +45,7 @@ RECIPE_VERSION = "interpose-1"
 REPORT_HEADER = Path(__file__).parent / "rank" / "guard_report.h"  # included by it
 SOURCE = Path(__file__).parent / "rank" / "interpose.c"
 LIBRARY_NAME = "libcommbench_guard.so"
-REPORT_ENV = "COMMBENCH_GUARD_REPORT"
-GUARD_EXIT = 86  # a rank ended by the guard (the audit hook uses the same code)
-RESOLVE_EXIT = 87  # the interposer could not find a real function: it does not fit the library
+REPORT_ENV = ENV_GUARD_REPORT  # (rank/protocol.py: the job's contract)
 
 # library prefix -> (library, is the alias prefix); longest first
 _PREFIXES = (("PMPI_", "mpi", True), ("MPI_", "mpi", False),

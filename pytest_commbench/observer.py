@@ -39,6 +39,7 @@ from .rank.protocol import (
     Control,
     batch_sets,
     feed_pipe,
+    guard_file,
     layout,
     memfd,
     poison_value,
@@ -735,7 +736,7 @@ def guard_reports(out: Path, world: int) -> list[dict]:
     through a link, never a FIFO, 8 KiB at most)."""
     found = []
     for rank in range(world):
-        data = jobfiles.read(out.parent, f"{out.name}/guard_r{rank}.json", 8192)
+        data = jobfiles.read(out.parent, f"{out.name}/{guard_file(rank)}", 8192)
         if data is None:
             continue
         try:

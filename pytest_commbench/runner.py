@@ -25,6 +25,7 @@ from .checks.base import Case, make_late
 from .launch import Job, find_mpiexec, mpi_env
 from .models.base import Candidate, Reply
 from .platforms.base import Platform
+from .rank import protocol
 from .tasks import Task
 from .timing import (
     HostLoad,
@@ -213,7 +214,7 @@ def _tidy(work: Path, everything: bool, seconds: float = 30.0) -> None:
 
     deadline = time.monotonic() + seconds
     folder_flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-    evidence = regex.compile(r"(status|guard)_r\d{1,6}\.json|stack_r\d{1,6}\.txt|mps\.json")
+    evidence = regex.compile(protocol.EVIDENCE)
     solution = regex.compile(r"solution\.(py|cu|cpp|c)")
 
     def kind(dir_fd: int, name: str) -> int | None:
@@ -657,7 +658,7 @@ def _run_job(plan: Plan, artifact: Path, job_dir: Path, lease_env: dict[str, str
     job_file = job_dir / "ro" / "job.json"
     job_file.write_text(json.dumps(spec))
     env = {**mpi_env(), **platform.env(), **lease_env, "PYTHONPATH": str(code),
-           "COMMBENCH_GUARD_REPORT": str(out / "guard_r%r.json"), "TMPDIR": "/tmp",
+           protocol.ENV_GUARD_REPORT: str(out / protocol.GUARD_REPORT), "TMPDIR": "/tmp",
            # compile caches of the job's own (a shared one could carry a solution's kernels
            # into the reference's jobs); the rest of the filesystem is read-only
            "CUPY_CACHE_DIR": str(scratch / ".cupy"), "CUDA_CACHE_PATH": str(scratch / ".nv")}
@@ -770,7 +771,8 @@ def _stacks(out: Path, world: int) -> str:
     whoever debugs the hang, never believed; read as `jobfiles` reads a job's files)."""
     parts = []
     for rank in range(world):
-        data = jobfiles.read(out.parent, f"{out.name}/stack_r{rank}.txt", 65536, tail=True)
+        data = jobfiles.read(out.parent, f"{out.name}/{protocol.stack_file(rank)}", 65536,
+                             tail=True)
         text = data.decode(errors="replace").strip() if data else ""
         if text:
             parts.append(f"rank {rank}'s Python stack near the deadline:\n{text[-1500:]}")
@@ -795,7 +797,7 @@ def _blame(outcome: Outcome, result, out: Path, world: int, loaded: bool) -> Non
     if not loaded:
         # an exit code is evidence of the harness's failure only before any rank began to
         # load the solution: afterwards the solution can end its rank with any code it likes
-        if result.returncode == interposer.RESOLVE_EXIT:
+        if result.returncode == protocol.RESOLVE_EXIT:
             raise InfraError("the run-time guard does not fit the MPI the ranks loaded: "
                              f"{result.output.strip()[-800:]}")
         raise InfraError(f"the job failed before the solution was loaded ({outcome.message}): "
@@ -807,19 +809,19 @@ def _blame(outcome: Outcome, result, out: Path, world: int, loaded: bool) -> Non
         outcome.message = f"the solution called what this task forbids, at run time: {what}"
         outcome.detail = str(reports[0].get("detail", ""))[:2000]
         return
-    if result.returncode == sandbox.LIMIT_EXIT:
+    if result.returncode == protocol.LIMIT_EXIT:
         # the sandbox stopped the job at one of its limits (processes, its folder's size, the
         # disk): the solution's failure; the sandbox's line says which (a solution printing
         # such a line changes only this message, never the verdict)
         said = LIMIT_LINE.findall(result.output)
         outcome.message = ("the job went past a limit of its sandbox and was stopped"
                            + (f": {said[-1].strip()[:500]}" if said else
-                              f" (exit code {sandbox.LIMIT_EXIT})"))
+                              f" (exit code {protocol.LIMIT_EXIT})"))
         return
     statuses = []
     for rank in range(world):
         # written by the rank's process: quoted, bounded, never trusted
-        data = jobfiles.read(out.parent, f"{out.name}/status_r{rank}.json", 65536)
+        data = jobfiles.read(out.parent, f"{out.name}/{protocol.status_file(rank)}", 65536)
         try:
             status = json.loads(data) if data else None
         except Exception:  # noqa: BLE001

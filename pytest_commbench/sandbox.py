@@ -38,10 +38,11 @@ from pathlib import Path
 from typing import Any
 
 from .launch import drained, find_mpiexec
+from .rank.protocol import LIMIT_EXIT, SANDBOX_FAILED
 
 INIT = Path(__file__).with_name("sandbox_init.py")
-SETUP_FAILED = 125  # sandbox_init's exit code when the sandbox could not be built
-LIMIT_EXIT = 122  # sandbox_init's exit code when the job went past a limit and was stopped
+# sandbox_init's exit codes (its own copies; rank/protocol.py spells them for the controller)
+SETUP_FAILED, LIMIT_EXIT = SANDBOX_FAILED, LIMIT_EXIT
 MiB, GiB = 1 << 20, 1 << 30
 PIDS_MAX = 2048  # processes and threads of one job (8 GPU ranks need a few hundred)
 SCRATCH_BYTES = 2 * GiB  # what a job may write into its folder, and its largest file

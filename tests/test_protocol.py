@@ -89,3 +89,35 @@ def test_the_feed_fills_each_calls_inputs_in_order_and_says_when_they_were_taken
     finally:
         os.close(r)
         os.close(w)
+
+
+def test_every_copy_of_the_job_contract_says_what_the_protocol_says():
+    """Exit codes, environment and file names are spelled once in rank/protocol.py; the C
+    guards, the sandbox's first process and the MPS wrapper keep copies (they run before, or
+    without, the package) and must agree with it."""
+    import re
+    from pathlib import Path
+
+    from pytest_commbench import cupti_guard, interposer, sandbox, sandbox_init
+    from pytest_commbench.rank import guard, mps, protocol
+
+    rank_dir = Path(protocol.__file__).parent
+    for c_file in ("interpose.c", "cupti_guard.c"):
+        text = (rank_dir / c_file).read_text()
+        assert int(re.search(r"#define GUARD_EXIT (\d+)", text).group(1)) == protocol.GUARD_EXIT
+    interpose = (rank_dir / "interpose.c").read_text()
+    assert int(re.search(r"#define RESOLVE_EXIT (\d+)", interpose).group(1)) == \
+        protocol.RESOLVE_EXIT
+    assert sandbox_init.SETUP_FAILED == sandbox.SETUP_FAILED == protocol.SANDBOX_FAILED
+    assert sandbox_init.LIMIT_EXIT == sandbox.LIMIT_EXIT == protocol.LIMIT_EXIT
+    assert mps.MPS_FAILED == protocol.MPS_FAILED
+    assert guard.GUARD_EXIT == interposer.GUARD_EXIT == cupti_guard.GUARD_EXIT == \
+        protocol.GUARD_EXIT
+    assert interposer.REPORT_ENV == cupti_guard.REPORT_ENV == protocol.ENV_GUARD_REPORT
+    assert len({protocol.GUARD_EXIT, protocol.RESOLVE_EXIT, protocol.LIMIT_EXIT,
+                protocol.MPS_FAILED, protocol.SANDBOX_FAILED}) == 5
+    evidence = re.compile(protocol.EVIDENCE)
+    for name in (protocol.status_file(3), protocol.stack_file(12), protocol.guard_file(0),
+                 protocol.MPS_STATE):
+        assert evidence.fullmatch(name), name
+    assert not evidence.fullmatch("solution.cu")

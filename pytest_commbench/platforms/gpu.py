@@ -25,6 +25,7 @@ from typing import Any
 
 from ..build import build_cuda, build_python, find_cuda_libs
 from ..leases import lease
+from ..rank.protocol import ENV_RANK_CPUS
 from ..tasks import Task
 from .base import Platform
 
@@ -282,7 +283,7 @@ class GpuPlatform(Platform):
             pin = os.environ.get("COMMBENCH_PIN", "1") != "0"
             cpus = rank_cpus(per_rank, gpu_local_cpus(), os.sched_getaffinity(0)) if pin else []
             if any(cpus):
-                env["COMMBENCH_RANK_CPUS"] = ";".join(",".join(map(str, c)) for c in cpus)
+                env[ENV_RANK_CPUS] = ";".join(",".join(map(str, c)) for c in cpus)
             yield env
 
     def launch_argv(self, world: int, job: Path) -> list[str]:

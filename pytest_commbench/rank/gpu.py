@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from .backends import poison_value
+from .protocol import ENV_RANK_CPUS
 
 MAX_RANKS, MAX_BUFFERS, MAX_PARAMS = 16, 8, 8  # as in include/commbench.h
 # the host helpers carry set-up data (ids, handles, a few counts), never a task's payload
@@ -70,7 +71,7 @@ _PINNED: list[int] = []  # this rank's CPUs, the timing thread's first
 def pin_cpus(local: int) -> None:
     """Run this rank on the CPUs the controller chose near its GPU (COMMBENCH_RANK_CPUS: one
     comma list per local rank, separated by ';'); threads started later inherit them."""
-    plans = [p for p in os.environ.get("COMMBENCH_RANK_CPUS", "").split(";")]
+    plans = [p for p in os.environ.get(ENV_RANK_CPUS, "").split(";")]
     if local < len(plans) and plans[local]:
         try:
             cpus = [int(c) for c in plans[local].split(",")]

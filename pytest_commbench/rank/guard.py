@@ -83,7 +83,7 @@ import types
 from collections.abc import Callable
 from importlib.util import cache_from_source
 
-GUARD_EXIT = 86
+from .protocol import GUARD_EXIT
 
 # refused whatever their arguments
 _ALWAYS = {

@@ -27,7 +27,19 @@ from typing import Any
 import numpy as np
 
 from .backends import make_backend
-from .protocol import BATCH_SEP, Control, W, batch_sets, read_feed, socket_address, views
+from .protocol import (
+    BATCH_SEP,
+    ENV_GUARD_REPORT,
+    Control,
+    W,
+    batch_sets,
+    guard_file,
+    read_feed,
+    socket_address,
+    stack_file,
+    status_file,
+    views,
+)
 
 PR_SET_DUMPABLE = 4
 # once the audit hook is installed, the only safe way to format an exception (reading
@@ -132,7 +144,7 @@ def main(argv: list[str]) -> int:
     mpi4py.rc.finalize = False
     job = json.loads(Path(argv[0]).read_text())
     rank = world_rank()
-    status = Status(Path(job["out"]) / f"status_r{rank}.json")
+    status = Status(Path(job["out"]) / status_file(rank))
     try:
         link = Link(job["job_dir"], rank)
     except OSError as exc:
@@ -198,7 +210,7 @@ def guard(job: dict, rank: int, solution: str, scratch: Path) -> None:
         ctypes.CDLL(None).prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
     elif job["language"] == "python":
         warm_up_cupy(scratch)
-    if os.environ.get("COMMBENCH_GUARD_REPORT"):
+    if os.environ.get(ENV_GUARD_REPORT):
         arm = getattr(ctypes.CDLL(None), "commbench_guard_arm", None)
         if arm is not None:
             arm()
@@ -208,7 +220,7 @@ def guard(job: dict, rank: int, solution: str, scratch: Path) -> None:
         # the status files are only quoted in messages: the solution may write them
         DESCRIBE[0] = audit.install(
             solution=solution, writable=[job["scratch"], job["out"]],
-            report=str(Path(job["out"]) / f"guard_r{rank}.json"),
+            report=str(Path(job["out"]) / guard_file(rank)),
             hidden_modules=[__package__, "pytest_commbench", "pytest", "_pytest"])
 
 
@@ -221,7 +233,7 @@ def watchdog(job: dict, rank: int) -> None:
     if deadline <= 0:
         return
     try:
-        f = open(Path(job["out"]) / f"stack_r{rank}.txt", "w")  # noqa: SIM115 - kept open
+        f = open(Path(job["out"]) / stack_file(rank), "w")  # noqa: SIM115 - kept open
     except OSError:
         return
     WATCHDOG.append(f)

@@ -61,7 +61,40 @@ ALIGN = 256
 
 SOCKET = "ctl.sock"
 FEED_BYTES = 1 << 20  # a rank's feed (pipe) capacity asked for; what a batch's inputs may take
-GUARD_EXIT = 86  # a rank ended by the run-time guard (forbidden call)
+
+# -- the rest of the job's contract, spelled once for both wings -------------------------------
+# Exit codes. The C guards (interpose.c, cupti_guard.c), the sandbox's first process
+# (sandbox_init.py, run with -I -S before any package is importable) and the MPS wrapper
+# (mps.py, standard library only) keep copies of theirs; tests/test_protocol.py holds every
+# copy to these.
+GUARD_EXIT = 86  # a rank ended by a run-time guard (a forbidden call): audit hook, C guards
+RESOLVE_EXIT = 87  # the interposer found no real function: it does not fit the MPI library
+LIMIT_EXIT = 122  # the sandbox stopped the job at one of its limits (and said which)
+MPS_FAILED = 124  # the job's MPS daemon could not be started (no rank ran)
+SANDBOX_FAILED = 125  # the sandbox could not be built (no rank ran)
+# environment the controller gives every rank
+ENV_GUARD_REPORT = "COMMBENCH_GUARD_REPORT"  # where a guard writes its report ("%r": the rank)
+ENV_RANK_CPUS = "COMMBENCH_RANK_CPUS"  # the CPUs chosen near each rank's GPU
+# files a rank writes in the job's out folder: its status, its stacks (a hung rank), a
+# guard's report; and the MPS wrapper's state
+MPS_STATE = "mps.json"
+
+
+def status_file(rank: int | str) -> str:
+    return f"status_r{rank}.json"
+
+
+def stack_file(rank: int | str) -> str:
+    return f"stack_r{rank}.txt"
+
+
+def guard_file(rank: int | str) -> str:
+    return f"guard_r{rank}.json"
+
+
+GUARD_REPORT = guard_file("%r")  # the value of ENV_GUARD_REPORT's file name part
+#: the evidence files a failing job keeps (rank numbers of up to six digits)
+EVIDENCE = r"(status|guard)_r\d{1,6}\.json|stack_r\d{1,6}\.txt|mps\.json"
 
 
 def layout(specs: list[tuple[str, str, tuple[int, ...], str]]) -> tuple[list[list], int]:
