@@ -37,7 +37,7 @@ from typing import Any
 
 from .models.base import Candidate, Reply
 from .scoring import BANDS, record_band
-from .tasks import MANIFEST, ManifestError, Task, load_task
+from .tasks import Task, load_suite
 
 AGENT_NAMES = ("geak",)
 KNOWLEDGE_DIR = "knowledge"  # <suites>/knowledge/<library or feature>.md
@@ -81,11 +81,7 @@ def most_similar(task: Task, suites: Path) -> Task | None:
     """The most similar *other* task of the suite in the same language (its prompt and template
     are what a model is shown anyway; its reference is never read)."""
     best: tuple[float, str, Task] | None = None
-    for manifest in sorted(suites.rglob(MANIFEST)):
-        try:
-            other = load_task(manifest, suites)
-        except ManifestError:
-            continue
+    for other in load_suite(suites)[0]:
         if other.relpath == task.relpath or other.language != task.language:
             continue
         key = (similarity(task, other), other.relpath)

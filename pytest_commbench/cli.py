@@ -20,7 +20,7 @@ from tabulate import tabulate
 
 from .report import render
 from .results import load, merge
-from .tasks import MANIFEST, ManifestError, load_task
+from .tasks import load_suite
 
 
 def _logs(path: Path) -> list[Path]:
@@ -229,12 +229,8 @@ def cmd_compile(args: argparse.Namespace) -> int:
     # --cache: the folder a run's --commbench-build-cache names, filled ahead of the run
     cache = Path(args.cache) if args.cache else Path(tempfile.mkdtemp(prefix="commbench-compile-"))
     work = []
-    for manifest in sorted(root.rglob(MANIFEST)):
-        try:
-            task = load_task(manifest, root)
-        except ManifestError as exc:
-            failures.append(str(exc))
-            continue
+    tasks, failures = load_suite(root)
+    for task in tasks:
         if task.language != "cuda":
             continue
         ref_dir = refs / task.relpath
@@ -280,20 +276,16 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
 
 def cmd_tasks(args: argparse.Namespace) -> int:
-    root = Path(args.suites)
-    rows, bad = [], 0
-    for manifest in sorted(root.rglob(MANIFEST)):
-        try:
-            t = load_task(manifest, root)
-        except ManifestError as exc:
-            print(f"error: {exc}", file=sys.stderr)
-            bad += 1
-            continue
+    tasks, errors = load_suite(Path(args.suites))
+    for error in errors:
+        print(f"error: {error}", file=sys.stderr)
+    rows = []
+    for t in tasks:
         rows.append([t.relpath, t.category, t.library, t.difficulty, t.setup,
                      ",".join(t.platforms), ",".join(map(str, t.ranks)), t.check.op])
     print(tabulate(rows, headers=["task", "category", "library", "difficulty", "setup",
                                   "platforms", "ranks", "op"]))
-    return 1 if bad else 0
+    return 1 if errors else 0
 
 
 def cmd_models(args: argparse.Namespace) -> int:
@@ -311,12 +303,12 @@ def cmd_models(args: argparse.Namespace) -> int:
         print(f"commbench models: {exc}", file=sys.stderr)
         return 2
     rows = []
+    from .models.prices import per_million
+
     for s in specs.values():
         settings = ", ".join(f"{k}={v}" for k, v in (("reasoning", s.reasoning_effort),
                                                      ("thinking", s.thinking),
                                                      ("extra", s.extra_body or None)) if v)
-        from .models.prices import per_million
-
         known = per_million(s)
         price = f"{known[0]:g}/{known[1]:g}" if known else "unknown"
         rows.append([s.alias, s.provider, s.model,

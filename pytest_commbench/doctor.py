@@ -95,20 +95,16 @@ def runnable(platform_name: str, suites: Path, ranks_per_gpu: int = 1
              ) -> tuple[int, Counter, list[str]]:
     """(items runnable, skips by reason, manifest errors) of the suites on a platform."""
     from .platforms import make
-    from .tasks import MANIFEST, ManifestError, load_task
+    from .tasks import load_suite
 
     platform = make(platform_name)
     if platform is None:
         raise ValueError(f"unknown platform {platform_name!r}")
     if ranks_per_gpu > 1 and hasattr(platform, "place"):
         platform.place(ranks_per_gpu)
-    ok, skips, errors = 0, Counter(), []
-    for manifest in sorted(suites.rglob(MANIFEST)):
-        try:
-            task = load_task(manifest, suites)
-        except ManifestError as exc:
-            errors.append(str(exc))
-            continue
+    ok, skips = 0, Counter()
+    tasks, errors = load_suite(suites)
+    for task in tasks:
         for world in task.ranks:
             why = platform.skip_reason(task, world)
             if why is None:

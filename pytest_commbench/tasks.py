@@ -349,6 +349,18 @@ def load_task(manifest: Path, suites_root: Path, platforms: Container[str] | Non
     )
 
 
+def load_suite(root: Path) -> tuple[list[Task], list[str]]:
+    """Every task below a suites root, in path order, and the messages of the manifests that
+    do not load (the listings and tools that walk a whole suite)."""
+    tasks, errors = [], []
+    for manifest in sorted(Path(root).rglob(MANIFEST)):
+        try:
+            tasks.append(load_task(manifest, root))
+        except ManifestError as exc:
+            errors.append(str(exc))
+    return tasks, errors
+
+
 def task_hash(task: Task, references: Path) -> str:
     """A digest of everything that makes the task what it is: its folder (manifest, prompt,
     template and any file they name), its hidden reference, and the oracle's code (the check
