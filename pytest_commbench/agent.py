@@ -3,7 +3,7 @@ kernel-generation framework. Per task and sample:
 
 - the **generator** writes a solution (the task's prompt, plus the knowledge packs of the
   libraries the task uses and, with `--commbench-retrieval=on`, the most similar other task);
-- the harness **evaluates** it (`runner._attempt`: the same verdicts as every item, never the
+- the harness **evaluates** it (`engine.evaluate`: the same verdicts as every item, never the
   reference's code);
 - on a failure the **reflector** (a model call) gets the code and the evidence and returns an
   analysis, which goes into the next generation; after `--commbench-max-debug` consecutive fix
@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .engine import ItemResult, evaluate, feedback
 from .models.base import Candidate, Reply
 from .scoring import BANDS, record_band
 from .tasks import Task, load_suite
@@ -304,8 +305,6 @@ class GeakAgent:
     def _run(self, task, world, candidate, platform, settings, root: Path) -> dict[str, Any]:
         import time
 
-        from .runner import _attempt, _feedback
-
         started = time.time()
         asker = candidate.asker
         done_file = root / "done.json"
@@ -316,7 +315,7 @@ class GeakAgent:
         first, added = first_prompt(asker.prompt(), task, self.suites, self.use_knowledge,
                                     self.retrieval)
         run = Run(first)
-        rounds = max(1, settings.refine_rounds)
+        rounds = max(1, settings.rounds)
         iteration, number, stop = 0, 0, None
         while stop is None:
             if iteration >= rounds:
@@ -358,9 +357,8 @@ class GeakAgent:
             # the step's reply as the model gave it (a cut reply is judged `truncated`)
             attempt = Candidate(candidate.id, candidate.kind, lambda r=reply: Reply(
                 r.text, truncated=r.truncated, replayed=r.replayed, request=r.request))
-            record = _attempt(task, world, attempt, platform, settings)
-            text = record.pop("_reply", "") or ""
-            record.pop("_imprecise", None)
+            result = evaluate(task, world, attempt, platform, settings)
+            text, record = result.reply_text, result.as_record()
             entry = self._judge(run, step, record, text, iteration)
             _write_json(step.folder / f"verdict-np{world}.json",
                         {**entry, "message": str(record.get("message", ""))[:2000],
@@ -495,14 +493,6 @@ def _write_json(path: Path, data: dict[str, Any]) -> None:
     tmp.replace(path)
 
 
-def make_agent(config, name: str) -> GeakAgent | None:
-    """The built-in agent called `name` (None: not one of ours)."""
-    if name != "geak":
-        return None
-    from .session import STATE, setting
-
-    state = config.stash.get(STATE, None)
-    suites = state.suites if state is not None else config.rootpath / setting(config, "suites")
-    return GeakAgent(suites, max_debug=int(setting(config, "max_debug")),
-                     use_knowledge=setting(config, "knowledge") == "on",
-                     retrieval=setting(config, "retrieval") == "on")
+def _feedback(record: dict[str, Any]) -> str:
+    """The feedback of an evaluated iteration kept as its record."""
+    return feedback(ItemResult.from_record(record))

@@ -10,6 +10,7 @@ without it raises ImportError, and the report falls back to text bars).
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import matplotlib
 
@@ -17,7 +18,7 @@ matplotlib.use("Agg")  # files only, never a window
 
 import matplotlib.pyplot as plt  # noqa: E402
 
-from .leaderboard import BAND_ORDER, Board, figure_data, speedup_stem, speedups_by_size  # noqa: E402
+from .scoring import BAND_ORDER  # noqa: E402
 
 BAND_COLORS = {"Better": "#1a9850", "Comparable": "#91cf60", "Degraded": "#fc8d59",
                "Severely degraded": "#d73027", "inconclusive": "#bdbdbd", "untimed": "#f0f0f0"}
@@ -52,11 +53,14 @@ def _grouped(ax, data: dict[str, dict[str, float]], labels: list[str], title: st
     ax.grid(axis="y", alpha=0.3)
 
 
-def draw(board: Board, out: Path) -> list[Path]:
-    """Every figure of the board into `out`; the paths written."""
-    labels = [e.label for e in board.entries]
+def draw(labels: list[str], figures: list[tuple[str, str, dict[str, dict[str, float]], bool]],
+         speedups: list[tuple[str, str, list[dict[str, Any]]]], out: Path) -> list[Path]:
+    """Every figure of a leaderboard into `out`; the paths written. Its numbers are handed
+    over (`leaderboard.write` draws through this module, which imports nothing back): the
+    entries' `labels`, Figures 1-3 as `leaderboard.figure_data` gives them, and per task
+    its speedup-by-size series (file stem, task, series)."""
     written = []
-    for stem, title, data, _ in figure_data(board):
+    for stem, title, data, _ in figures:
         if stem.startswith("fig2"):
             fig, ax = plt.subplots(figsize=(8, 1.2 + 0.5 * len(labels)))
             left = [0.0] * len(data)
@@ -88,7 +92,7 @@ def draw(board: Board, out: Path) -> list[Path]:
             _grouped(ax, data, labels, title)
             _legend_right(ax)
         written.append(_save(fig, out / f"{stem}.png"))
-    for task, series in speedups_by_size(board).items():
+    for stem, task, series in speedups:
         fig, ax = plt.subplots(figsize=(7, 4))
         # bytes per rank where the task counts bytes, else the element count
         by_bytes = all(b > 0 for s in series for b, _, _ in s["points"])
@@ -105,5 +109,5 @@ def draw(board: Board, out: Path) -> list[Path]:
         ax.set_title(f"speedup by size: {task}")
         ax.grid(alpha=0.3)
         _legend_right(ax)
-        written.append(_save(fig, out / f"{speedup_stem(task)}.png"))
+        written.append(_save(fig, out / f"{stem}.png"))
     return written

@@ -22,8 +22,10 @@ def pytest_commbench_make_platform(config, name):
 def pytest_commbench_make_agent(config, name):
     """Return an agent object for `--commbench-agent=name` (an object with `name`, `label`
     and `run(task, world, candidate, platform, settings)` returning the item's record, as
-    `runner.run_candidate` does), or None if the name is not yours. The built-in `geak`
-    answers last."""
+    `engine.refine` does: `engine.ItemResult.as_record()` of the answer it keeps, with the
+    strategy's own fields), or None if the name is not yours. An agent evaluates each
+    answer with `engine.evaluate(task, world, candidate, platform, settings)`. The built-in
+    `geak` answers last."""
 
 
 @hookspec

@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 from . import __version__
+from .engine import Settings, refine
 from .results import cap, entries
-from .runner import Settings, run_candidate
 from .scoring import record_band
 from .session import STATE
 from .tasks import MANIFEST, ManifestError, Task, load_task, task_hash
@@ -72,8 +72,8 @@ def base_record(task: Task, world: int, candidate_id: str, kind: str, nodeid: st
         "platform": state.platform.name, "candidate": candidate_id, "kind": kind,
         # the run's settings that make its results another configuration of the model (a
         # leaderboard keeps 1-round and 5-round runs, or budgeted ones, apart)
-        "refine_rounds": getattr(state, "refine_rounds", None),
-        "budget_usd": getattr(state, "budget_usd", None),
+        "refine_rounds": state.settings.rounds,
+        "budget_usd": state.settings.budget_usd,
         **({"agent": state.agent.label} if getattr(state, "agent", None) is not None else {}),
     }
 
@@ -147,20 +147,12 @@ class TaskItem(pytest.Item):
         state.log.write({**self._base_record(state), "event": "started",
                          "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
         slug = self.nodeid.replace("/", "_").replace("::", "__").replace("[", "_").rstrip("]")
-        settings = Settings(
-            seed=state.item_seed(self.nodeid), work=state.work_dir / slug,
-            cache=state.build_dir, references=state.references, rounds=state.rounds,
-            max_rounds=state.max_rounds, precision=state.precision,
-            contended_stop=state.contended_stop,
-            reps=state.reps, max_reps=state.max_reps, budget_s=state.budget,
-            warmup=state.warmup, timeout=state.timeout, keep=state.keep,
-            exclusive=state.exclusive, sandbox=state.sandboxed, hide=state.hidden,
-            refine_rounds=state.refine_rounds, budget_usd=state.budget_usd,
-            check_only=state.check_only, gpu_batch=state.gpu_batch,
-        )
+        settings = Settings.for_item(
+            state.settings, seed=state.item_seed(self.nodeid), work=state.work_dir / slug,
+            cache=state.build_dir, references=state.references, hide=state.hidden)
         # agent mode runs the candidates of a model that can be asked; the rest as always
         agent = state.agent if self.candidate.asker is not None else None
-        run = agent.run if agent is not None else run_candidate
+        run = agent.run if agent is not None else refine
         for _attempt in range(1 + INFRA_RETRIES):
             result = run(self.task, self.world, self.candidate, state.platform, settings)
             if result["verdict"] != Verdict.INFRA_ERROR.value:

@@ -36,7 +36,8 @@ from . import report
 from .report import WriteLine, WriteSep
 from .results import merge
 from .scoring import (
-    BANDS,
+    BAND_ORDER,
+    UNTIMED,
     Intervals,
     Scores,
     bootstrap,
@@ -49,8 +50,6 @@ from .scoring import (
 DIMENSIONS = ("category", "difficulty", "setup", "library")
 DIFFICULTIES = ("easy", "medium", "hard")
 SETUPS = ("bare-metal", "library-based")
-UNTIMED = "untimed"  # a pass without a speedup (a check-only run)
-BAND_ORDER = tuple(name for _, name in BANDS) + ("inconclusive", UNTIMED)
 METRICS = ("pass_x_gm", "pass_rate", "pass_good", "gm_speedup")
 # the columns of leaderboard.csv and of each model in leaderboard.json, in order
 COLUMNS = ("rank", "tier", "model", "label", "tasks", "passes", "good", "not_applicable",
@@ -762,7 +761,11 @@ def write(board: Board, out: Path, commands: str = "") -> list[Path]:
     except ImportError:  # matplotlib is the `plots` extra
         draw = None
     if draw is not None:
-        for path in draw(board, out):
+        # figures knows no board: it is handed the numbers (and each speedup figure's stem,
+        # which `markdown` finds it by)
+        speedups = [(speedup_stem(task), task, series)
+                    for task, series in speedups_by_size(board).items()]
+        for path in draw([e.label for e in board.entries], figure_data(board), speedups, out):
             images[path.stem] = path.name
             written.append(path)
     (out / "report.md").write_text(markdown(board, images, commands) + "\n")

@@ -79,7 +79,7 @@ class JobEnded(Exception):
 class Settings:
     reps: int  # timed repetitions per case, at least
     max_reps: int  # ... and at most
-    budget_s: float  # timed seconds per case the repetitions may add up to
+    timing_budget: float  # timed seconds per case the repetitions may add up to
     warmup: int  # untimed calls before the repetitions, at least
     wall_s: float  # seconds per case the observer may spend on the repetitions in all
     rtol: float
@@ -660,7 +660,7 @@ class Observer:
                     spent += times[-1].call * batch
                     wall = time.perf_counter() - began
                     if len(times) >= self.s.reps and (
-                            spent >= self.s.budget_s or len(times) >= self.s.max_reps
+                            spent >= self.s.timing_budget or len(times) >= self.s.max_reps
                             or wall >= self.s.wall_s):
                         break
                     # the largest sizes: drawing, writing and checking fresh inputs costs

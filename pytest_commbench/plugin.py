@@ -7,13 +7,14 @@ import argparse
 import pytest
 
 from . import hookspecs, preflight
+from .agent import AGENT_NAMES, GeakAgent
 from .items import TaskManifest, is_manifest, record_crashed_item, record_from_report
 from .launch import install_stop_handlers
 from .leaderboard import render_run
 from .models.api import api_model_names, make_api_model
 from .models.builtin import BUILTIN_NAMES, make_builtin
 from .platforms import make as make_platform
-from .session import GROUPS, OPTIONS, STATE, create, flag_name, group_of, labelled
+from .session import GROUPS, OPTIONS, STATE, create, flag_name, group_of, labelled, setting
 
 MARKERS = {
     "commbench": "a pytest-commbench task item",
@@ -63,9 +64,14 @@ def pytest_commbench_make_platform(config, name):
 
 @pytest.hookimpl(trylast=True)
 def pytest_commbench_make_agent(config, name):
-    from .agent import make_agent
-
-    return make_agent(config, name)
+    """The built-in agent called `name` (None: not one of ours), set up from the options."""
+    if name not in AGENT_NAMES:
+        return None
+    state = config.stash.get(STATE, None)
+    suites = state.suites if state is not None else config.rootpath / setting(config, "suites")
+    return GeakAgent(suites, max_debug=int(setting(config, "max_debug")),
+                     use_knowledge=setting(config, "knowledge") == "on",
+                     retrieval=setting(config, "retrieval") == "on")
 
 
 def pytest_commbench_model_names(config):
@@ -133,10 +139,12 @@ def pytest_runtestloop(session: pytest.Session):
 
 def pytest_report_header(config: pytest.Config) -> list[str]:
     state = config.stash[STATE]
+    t = state.settings
     lines = [
         f"commbench: model={state.model.name} platform={state.platform.name} "
-        f"seed={state.seed} timing rounds={state.rounds}-{max(state.rounds, state.max_rounds)} "
-        f"(precision {state.precision:g}) reps={state.reps}",
+        f"seed={state.seed} timing rounds={t.timing_rounds}-"
+        f"{max(t.timing_rounds, t.timing_max_rounds)} "
+        f"(precision {t.timing_precision:g}) reps={t.reps}",
         f"commbench: results log {state.log.path}",
     ]
     if state.resume_upto is not None:

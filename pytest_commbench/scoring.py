@@ -28,6 +28,10 @@ MUTANT_UNJUDGED = (*NOT_APPLICABLE, "aborted")
 
 
 INCONCLUSIVE = "inconclusive"
+UNTIMED = "untimed"  # a pass without a speedup (a check-only run)
+# every band a pass is counted in (the leaderboard's Figure 2), in order: the named ones from
+# the best down, then the passes without one
+BAND_ORDER = tuple(name for _, name in BANDS) + (INCONCLUSIVE, UNTIMED)
 # the worst of a task's items' timing trust is the task's
 TRUST_ORDER = ("ok", "noisy", "contended", "shared")
 # trusts whose speedups get no band, whatever their interval: contention biases every job

@@ -27,6 +27,7 @@ from typing import Any
 
 import pytest
 
+from .engine.settings import RunSettings
 from .platforms import detect
 from .results import ResultsLog, RunBusy, RunLock, finished
 
@@ -372,23 +373,8 @@ class CommbenchState:
     build_dir: Path  # built solutions (the run's own, or --commbench-build-cache)
     references: Path
     suites: Path
-    rounds: int  # timing rounds (--commbench-timing-rounds)
-    max_rounds: int
-    contended_stop: bool  # no rounds past the minimum on a contended host
-    precision: float
-    refine_rounds: int  # refinement rounds: model generations per task (--commbench-rounds)
-    budget_usd: float | None  # no further rounds once a task's answers cost this much
-    reps: int
-    warmup: int
-    budget: float
-    max_reps: int
-    timeout: float | None
-    keep: bool
-    exclusive: bool
-    sandboxed: bool
-    check_only: bool
+    settings: RunSettings  # the options the engine reads, resolved once
     log: ResultsLog
-    gpu_batch: bool = False
     resume_upto: int | None = None  # resuming: the bytes of the log the killed run left
     manifest_errors: int = 0
     known_platforms: Any = None
@@ -408,7 +394,7 @@ class CommbenchState:
         if self._fingerprint is None:
             self._fingerprint = {
                 **self.platform.fingerprint(),
-                "sandbox": "namespaces" if self.sandboxed else "none (--commbench-unsandboxed)",
+                "sandbox": "namespaces" if not self.settings.unsandboxed else "none (--commbench-unsandboxed)",
             }
         return self._fingerprint
 
@@ -606,8 +592,6 @@ def create(config: pytest.Config) -> CommbenchState:
     build_dir = Path(build_cache).expanduser() if build_cache else run_dir / "build"
     if build_cache and not worker:
         _check_writable(build_dir, "build cache", lookup(config, "build_cache")[1])
-    timeout = setting(config, "timeout")
-    reps = int(setting(config, "reps"))
     from .platforms import NAMES, PROFILES
     from .tasks import VENDORS
 
@@ -623,22 +607,7 @@ def create(config: pytest.Config) -> CommbenchState:
         build_dir=build_dir,
         references=root / setting(config, "references"),
         suites=root / setting(config, "suites"),
-        rounds=int(setting(config, "timing_rounds")),
-        max_rounds=int(setting(config, "timing_max_rounds")),
-        contended_stop=setting(config, "timing_contended") == "stop",
-        precision=float(setting(config, "timing_precision")),
-        refine_rounds=int(setting(config, "rounds")),
-        budget_usd=setting(config, "budget_usd"),
-        reps=reps,
-        warmup=int(setting(config, "warmup")),
-        budget=float(setting(config, "timing_budget")),
-        max_reps=max(int(setting(config, "max_reps")), reps),
-        timeout=None if timeout is None else float(timeout),
-        keep=bool(setting(config, "keep")),
-        exclusive=not setting(config, "shared_node"),
-        sandboxed=not setting(config, "unsandboxed"),
-        check_only=bool(setting(config, "check_only")),
-        gpu_batch=bool(setting(config, "gpu_batch")),
+        settings=RunSettings.from_options(lambda name: setting(config, name)),
         log=ResultsLog(run_dir / "results.jsonl",
                        # a worker shares its controller's hold from its first line on
                        before_write=run_lock.join if worker else None),

@@ -19,6 +19,8 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
+from .profiles import NAMES, PROFILES
+
 MANIFEST = "task.toml"
 
 CATEGORIES = ("p2p", "collective", "ep", "fusion", "utility")
@@ -259,12 +261,9 @@ def load_task(manifest: Path, suites_root: Path, platforms: Container[str] | Non
     """Read and validate one task.toml. `platforms` and `vendors` are the names its lists may
     hold (default: the built-in platforms and the known vendors)."""
     manifest = Path(manifest)
-    if platforms is None or vendors is None:
-        from .platforms import NAMES, PROFILES  # late: platforms import this module
-
-        platforms = NAMES if platforms is None else platforms
-        vendors = (tuple(sorted({*VENDORS, *(p.vendor for p in PROFILES.values())}))
-                   if vendors is None else vendors)
+    platforms = NAMES if platforms is None else platforms
+    vendors = (tuple(sorted({*VENDORS, *(p.vendor for p in PROFILES.values())}))
+               if vendors is None else vendors)
     try:
         data = tomllib.loads(manifest.read_text(encoding="utf-8"))
     except tomllib.TOMLDecodeError as exc:

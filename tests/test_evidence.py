@@ -30,7 +30,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pytest_commbench import checks, interposer, jobfiles, launch, observer, regions, runner
+from pytest_commbench import checks, interposer, jobfiles, launch, observer, regions
+from pytest_commbench.engine import blame as engine_blame
+from pytest_commbench.engine.plan import InfraError, Outcome
 from pytest_commbench.launch import JobResult
 from pytest_commbench.rank.protocol import socket_address
 from pytest_commbench.verdicts import Verdict
@@ -169,11 +171,11 @@ def test_the_evidence_of_an_outside_kill_is_the_controllers_own_record():
     def result(code, killed):
         return JobResult(code, False, 1.0, "", killed)
 
-    with pytest.raises(runner.InfraError, match="killed from outside"):
-        runner._killed_outside(result(-9, killed=False))
-    runner._killed_outside(result(-9, killed=True))  # the controller's own kill
-    runner._killed_outside(result(137, killed=False))  # the namespace's init reported it
-    runner._killed_outside(result(None, killed=False))
+    with pytest.raises(InfraError, match="killed from outside"):
+        engine_blame.killed_outside(result(-9, killed=False))
+    engine_blame.killed_outside(result(-9, killed=True))  # the controller's own kill
+    engine_blame.killed_outside(result(137, killed=False))  # the namespace's init reported it
+    engine_blame.killed_outside(result(None, killed=False))
 
 
 class _Job:
@@ -193,7 +195,7 @@ def test_a_ranks_loading_word_is_read_even_when_the_observer_never_looked(tmp_pa
     observer read its socket is still known to have loaded (`settle`)."""
     obs = observer.Observer(
         tmp_path, 1, checks.get("allreduce"),
-        observer.Settings(reps=1, max_reps=1, budget_s=0, warmup=0, wall_s=1, rtol=0, atol=0),
+        observer.Settings(reps=1, max_reps=1, timing_budget=0, warmup=0, wall_s=1, rtol=0, atol=0),
         np.random.default_rng(0), staged=False, timed=False)
 
     def rank() -> None:
@@ -222,8 +224,8 @@ def test_a_ranks_loading_word_is_read_even_when_the_observer_never_looked(tmp_pa
         obs.close()
 
 
-def _timeout_outcome() -> runner.Outcome:
-    return runner.Outcome(Verdict.TIMEOUT, "the job did not finish within 8 s and was killed")
+def _timeout_outcome() -> Outcome:
+    return Outcome(Verdict.TIMEOUT, "the job did not finish within 8 s and was killed")
 
 
 def test_a_hung_abort_reports_the_exception_and_stays_a_timeout(tmp_path):
@@ -233,7 +235,7 @@ def test_a_hung_abort_reports_the_exception_and_stays_a_timeout(tmp_path):
         "phase": "case c0", "error": "ValueError: the exception that tells",
         "traceback": "Traceback (most recent call last):\nValueError: the exception that tells"}))
     outcome = _timeout_outcome()
-    runner._blame(outcome, JobResult(None, True, 8.0, ""), out, 2, loaded=True)
+    engine_blame.blame(outcome, JobResult(None, True, 8.0, ""), out, 2, loaded=True)
     assert outcome.verdict is Verdict.TIMEOUT
     assert "rank 1 had raised" in outcome.message
     assert "ValueError: the exception that tells" in outcome.message
@@ -260,10 +262,10 @@ def test_before_loading_even_a_guard_report_is_the_harnesss_failure(tmp_path):
     out = tmp_path / "out"
     out.mkdir()
     (out / "guard_r0.json").write_text('{"forbidden": "MPI_Allreduce"}\n')
-    outcome = runner.Outcome(Verdict.RUNTIME_ERROR, "the job ended early")
-    with pytest.raises(runner.InfraError, match="before the solution was loaded"):
-        runner._blame(outcome, JobResult(1, False, 1.0, ""), out, 1, loaded=False)
-    runner._blame(outcome, JobResult(86, False, 1.0, ""), out, 1, loaded=True)
+    outcome = Outcome(Verdict.RUNTIME_ERROR, "the job ended early")
+    with pytest.raises(InfraError, match="before the solution was loaded"):
+        engine_blame.blame(outcome, JobResult(1, False, 1.0, ""), out, 1, loaded=False)
+    engine_blame.blame(outcome, JobResult(86, False, 1.0, ""), out, 1, loaded=True)
     assert outcome.verdict is Verdict.FORBIDDEN
 
 
@@ -323,15 +325,15 @@ def _fifos(job: Path, world: int = 2) -> list[Path]:
 @pytest.mark.parametrize("verdict", [Verdict.TIMEOUT, Verdict.RUNTIME_ERROR])
 def test_fifos_planted_in_a_job_folder_never_block_the_controller(job_dir, verdict):
     fifos = _fifos(job_dir)
-    outcome = runner.Outcome(verdict, "the job ended early")
-    _returns_within(10, fifos, runner._blame, outcome, JobResult(1, False, 1.0, ""),
+    outcome = Outcome(verdict, "the job ended early")
+    _returns_within(10, fifos, engine_blame.blame, outcome, JobResult(1, False, 1.0, ""),
                     job_dir / "out", 2, True)
     assert outcome.verdict is verdict
     assert _returns_within(10, fifos, observer.guard_reports, job_dir / "out", 2) == []
     assert _returns_within(10, fifos, interposer.guard_report,
                            job_dir / "out" / "guard_r0.json") is None
     assert _returns_within(10, fifos, launch.tail, job_dir / "output.log") == ""
-    assert _returns_within(10, fifos, runner._stacks, job_dir / "out", 2) == ""
+    assert _returns_within(10, fifos, engine_blame.stacks, job_dir / "out", 2) == ""
 
 
 def test_links_planted_in_a_job_folder_are_never_followed(job_dir, secret):
@@ -340,13 +342,13 @@ def test_links_planted_in_a_job_folder_are_never_followed(job_dir, secret):
         (out / name).symlink_to(secret)
     (job_dir / "output.log").symlink_to(secret)
     outcome = _timeout_outcome()
-    runner._blame(outcome, JobResult(None, True, 8.0, ""), out, 1, loaded=True)
+    engine_blame.blame(outcome, JobResult(None, True, 8.0, ""), out, 1, loaded=True)
     assert outcome.verdict is Verdict.TIMEOUT
     assert SECRET not in outcome.message + outcome.detail
     assert observer.guard_reports(out, 1) == []
     assert interposer.guard_report(out / "guard_r0.json") is None
     assert SECRET not in launch.tail(job_dir / "output.log")
-    assert SECRET not in runner._stacks(out, 1)
+    assert SECRET not in engine_blame.stacks(out, 1)
 
 
 def test_a_linked_out_folder_is_never_entered(job_dir, secret):
@@ -356,7 +358,7 @@ def test_a_linked_out_folder_is_never_entered(job_dir, secret):
     (elsewhere / "guard_r0.json").write_text(json.dumps({"forbidden": SECRET}))
     shutil.rmtree(job_dir / "out")
     (job_dir / "out").symlink_to(elsewhere)
-    assert runner._stacks(job_dir / "out", 1) == ""
+    assert engine_blame.stacks(job_dir / "out", 1) == ""
     assert observer.guard_reports(job_dir / "out", 1) == []
     assert jobfiles.read(job_dir, "out/stack_r0.txt") is None
 
@@ -365,7 +367,7 @@ def test_a_job_file_is_read_no_further_than_its_cap(job_dir):
     with open(job_dir / "out" / "stack_r0.txt", "wb") as f:
         f.truncate(64 << 20)
     assert len(jobfiles.read(job_dir, "out/stack_r0.txt", 4096)) == 4096
-    assert len(runner._stacks(job_dir / "out", 1)) < 4000
+    assert len(engine_blame.stacks(job_dir / "out", 1)) < 4000
     text = launch.tail(job_dir / "out" / "stack_r0.txt", 1000)
     assert text.startswith(f"[... {(64 << 20) - 1000} bytes cut ...]")
 

@@ -163,7 +163,7 @@ import os
 
 import pytest_commbench.items as items
 
-_run = items.run_candidate
+_run = items.refine
 
 
 def _dies(task, *args, **kwargs):
@@ -172,7 +172,7 @@ def _dies(task, *args, **kwargs):
     return _run(task, *args, **kwargs)
 
 
-items.run_candidate = _dies
+items.refine = _dies
 """
 
 

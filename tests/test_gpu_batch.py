@@ -52,7 +52,7 @@ def _judge(tmp_path: Path, solution, staged: bool = True, world: int = 2,
     rng = np.random.default_rng(5)
     op = checks.get("scale_shift")
     case = op.make_case(rng, "c0", count, "float32", world, {}, 2, 0)
-    settings = Settings(reps=5, max_reps=5, budget_s=0.0, warmup=2, wall_s=5.0,
+    settings = Settings(reps=5, max_reps=5, timing_budget=0.0, warmup=2, wall_s=5.0,
                         rtol=0.0, atol=0.0)
     job_dir = tmp_path / f"job-{staged}-{world}-{id(solution)}"
     job_dir.mkdir()

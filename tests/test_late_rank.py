@@ -253,7 +253,7 @@ def _judge(tmp_path: Path, kind: str, staged: bool, world: int = 2,
     case = op.make_case(rng, "c0", 1000, "float32", world, {}, 2, 0)
     make_late(case, rng)
     assert [_late(t) for t in case.trials] == [[]] + [[r] for r in range(world)]
-    settings = Settings(reps=0, max_reps=0, budget_s=0.0, warmup=0, wall_s=0.0,
+    settings = Settings(reps=0, max_reps=0, timing_budget=0.0, warmup=0, wall_s=0.0,
                         rtol=0.0, atol=0.0)
     job_dir = tmp_path / f"job-{kind}-{staged}-{own}-{world}"
     job_dir.mkdir()

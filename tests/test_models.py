@@ -271,33 +271,31 @@ def test_a_rerun_ends_the_conversation_where_it_ended_before(monkeypatch, tmp_pa
     """Round 2 passes faster in the first run (the conversation ends there) and slower in the
     rerun: the rerun still stops at round 2 and asks for no round 3; a run that used all its
     rounds leaves no end, so raising --commbench-rounds asks further."""
-    from pytest_commbench import runner
+    from pytest_commbench.engine import ItemResult, Settings, refinement
     from pytest_commbench.models.base import Candidate, Reply
 
     asked: list[int] = []
     ends: dict[int, int] = {}
     speedups = iter([None, 1.2, None, 0.8, None, 0.8, 0.9])
 
-    def attempt(task, world, candidate, platform, settings):
+    def evaluate(task, world, candidate, platform, settings, runner):
         candidate.produce()
         speedup = next(speedups)
-        return {"verdict": "pass" if speedup else "wrong_answer", "speedup": speedup,
-                "message": "", "sizes": [], "tokens_in": 0, "tokens_out": 0, "cost": 0.0}
+        return ItemResult("pass" if speedup else "wrong_answer", speedup=speedup)
 
-    monkeypatch.setattr(runner, "_attempt", attempt)
+    monkeypatch.setattr(refinement, "evaluate", evaluate)
     candidate = Candidate("", "solution", lambda: asked.append(1) or Reply("x"),
                           refine=lambda r, p, f: asked.append(r) or Reply("x"),
                           ended=ends.get, end=ends.__setitem__)
-    settings = runner.Settings(seed=1, work=tmp_path, cache=tmp_path, references=tmp_path,
-                               refine_rounds=3)
-    first = runner.run_candidate(None, 2, candidate, None, settings)
+    settings = Settings(seed=1, work=tmp_path, cache=tmp_path, references=tmp_path, rounds=3)
+    first = refinement.refine(None, 2, candidate, None, settings)
     assert (asked, ends, first["round_history"][-1]["round"]) == ([1, 2], {2: 2}, 2)
     asked.clear()
-    again = runner.run_candidate(None, 2, candidate, None, settings)
+    again = refinement.refine(None, 2, candidate, None, settings)
     assert asked == [1, 2] and again["rounds"] == 2 and again["speedup"] == 0.8
     ends.clear()
     asked.clear()
-    runner.run_candidate(None, 2, candidate, None, settings)  # nothing ended: all 3 rounds
+    refinement.refine(None, 2, candidate, None, settings)  # nothing ended: all 3 rounds
     assert asked == [1, 2, 3] and ends == {}
 
 

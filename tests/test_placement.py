@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -154,11 +155,11 @@ def test_each_rank_on_a_shared_gpu_is_its_own_nccl_host_with_a_share_of_the_sms(
 
     for var in ("NCCL_HOSTID", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"):
         monkeypatch.delenv(var, raising=False)
-    share_gpu({"ranks_per_gpu": 1}, 0, 2, 0)
+    share_gpu(SimpleNamespace(ranks_per_gpu=1), 0, 2, 0)
     assert "NCCL_HOSTID" not in os.environ
     hosts, shares = set(), []
     for rank in range(3):  # 3 ranks at up to 8 per GPU: one GPU, a third of its SMs each
-        share_gpu({"ranks_per_gpu": 8}, rank, 3, rank)
+        share_gpu(SimpleNamespace(ranks_per_gpu=8), rank, 3, rank)
         hosts.add(os.environ["NCCL_HOSTID"])
         shares.append(int(os.environ["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"]))
     assert len(hosts) == 3 and sum(shares) <= 100 and shares == [33, 33, 33]

@@ -61,7 +61,7 @@ def test_hidden_trees_are_empty_and_the_filesystem_is_read_only(tmp_path):
         for p in [{str(refs)!r}, {str(other)!r}, {str(package)!r}]:
             seen.append(sorted(os.listdir(p)) if os.path.isdir(p) else None)
         print("SEEN", seen)
-        for target in [{str(outside)!r}, {str(package / 'runner.py')!r}, "/etc/commbench-x",
+        for target in [{str(outside)!r}, {str(package / 'engine' / 'flow.py')!r}, "/etc/commbench-x",
                        {str(job / 'ro' / 'probe.py')!r}]:
             try:
                 open(target, "a").write("tampered")

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from ..profiles import NAMES, PROFILES, GpuProfile
 from .base import Platform
 from .cpu import CpuPlatform
-from .gpu import PROFILES, GpuPlatform, GpuProfile
+from .gpu import GpuPlatform
 from .gpu import detect as detect_gpu
 
 
@@ -14,9 +15,6 @@ def make(name: str) -> Platform | None:
     if name in PROFILES:
         return GpuPlatform(PROFILES[name])
     return None
-
-
-NAMES = ("cpu", *PROFILES)
 
 
 def detect() -> str:

@@ -1,4 +1,5 @@
-"""GPU platforms: profiles of the machines the benchmark knows, and detection of this one.
+"""GPU platforms: the profiles of the machines the benchmark knows (`profiles`) as platforms,
+and detection of this one.
 
 A profile says what a platform is (vendor, architecture, compiler, interconnect, GPUs per
 node, features). Whether this machine can run a task is decided at run time: the compiler
@@ -19,45 +20,15 @@ import stat
 import subprocess
 import sys
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ..build import build_cuda, build_python, find_cuda_libs
 from ..leases import lease
+from ..profiles import DISTINCT, PROFILES, GpuProfile
 from ..rank.protocol import ENV_RANK_CPUS
 from ..tasks import Task
 from .base import Platform
-
-# the feature of a task whose contract needs every rank on a GPU of its own (device topology,
-# peer access between devices): shared placement lacks it
-DISTINCT = "distinct-gpus"
-
-
-@dataclass(frozen=True)
-class GpuProfile:
-    name: str
-    vendor: str
-    arch: str
-    compiler: str
-    gpus_per_node: int
-    interconnect: str
-    model: str  # substring of the GPU's marketing name that identifies it
-    features: frozenset[str]
-
-
-PROFILES = {
-    "h200": GpuProfile("h200", "nvidia", "sm_90", "nvcc", 8, "nvlink", "H200",
-                       frozenset({"nvlink", "sm_90", "nccl", "nccl-device", "nvshmem", "cuda-ipc",
-                                  "cupy", "nvml", DISTINCT})),
-    "b300": GpuProfile("b300", "nvidia", "sm_103a", "nvcc", 8, "nvlink", "B300",
-                       frozenset({"nvlink", "sm_100", "nccl", "nccl-device", "nvshmem",
-                                  "cuda-ipc", "cupy", "nvml", DISTINCT})),
-    "gh200": GpuProfile("gh200", "nvidia", "sm_90", "nvcc", 1, "nvlink-c2c", "GH200",
-                        frozenset({"sm_90", "nccl", "nvshmem", "cupy", DISTINCT})),
-    "mi325x": GpuProfile("mi325x", "amd", "gfx942", "hipcc", 8, "xgmi", "MI325X",
-                         frozenset({"xgmi", "rccl", "hip-ipc"})),
-}
 
 # NVLink multicast (NVLS) stays off: a program using it can take a shared host's GPUs out of
 # service; every job gets these whatever the caller's environment says

@@ -10,8 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from .backends import poison_value
-from .protocol import ENV_RANK_CPUS
+from .protocol import ENV_RANK_CPUS, poison_value
 
 MAX_RANKS, MAX_BUFFERS, MAX_PARAMS = 16, 8, 8  # as in include/commbench.h
 # the host helpers carry set-up data (ids, handles, a few counts), never a task's payload
@@ -105,14 +104,14 @@ def keep_timing_thread_apart() -> None:
                 pass  # the thread has exited
 
 
-def share_gpu(job: dict, rank: int, size: int, local: int) -> None:
+def share_gpu(job, rank: int, size: int, local: int) -> None:
     """Shared placement, before any CUDA context or NCCL exists in this process:
     - NCCL refuses two ranks of one communicator on one GPU, unless each rank is a host of
       its own (they then meet over the network transport, sockets on loopback);
     - each rank on a GPU is an MPS client with an equal share of its SMs (the shares add up
       to at most 100%: NVSHMEM's full multi-process mode needs that), so a kernel that waits
       for a peer's kernel never waits for SMs that kernel holds."""
-    per_gpu = int(job.get("ranks_per_gpu") or 1)
+    per_gpu = int(job.ranks_per_gpu or 1)
     if per_gpu <= 1:
         return
     import socket
@@ -147,23 +146,23 @@ def nccl_library(folder: str | None) -> ctypes.CDLL:
 class GpuWorld:
     """What every call on this rank shares: device, stream, NCCL communicator, workspace."""
 
-    def __init__(self, job: dict, world, harness, rank: int, size: int) -> None:
+    def __init__(self, job, world, harness, rank: int, size: int) -> None:
         import cupy as cp
 
         self.cp, self.harness, self.rank, self.size = cp, harness, rank, size
         self.local_rank = local_rank(world)
         ndev = cp.cuda.runtime.getDeviceCount()
         # shared placement: local ranks r*N .. r*N+N-1 on the r-th GPU the job was given
-        per_gpu = max(1, int(job.get("ranks_per_gpu") or 1))
+        per_gpu = max(1, int(job.ranks_per_gpu or 1))
         self.device = (self.local_rank // per_gpu) % ndev
         cp.cuda.Device(self.device).use()
         self.stream = cp.cuda.Stream(non_blocking=True)
-        fixtures = set(job.get("fixtures", []))
+        fixtures = set(job.fixtures)
         self.nccl_ptr = None
         self.nccl = None
         if "nccl" in fixtures:
-            if job.get("language") == "cuda":
-                self.nccl_ptr = self._nccl_comm_c(job.get("nccl_lib"))
+            if job.language == "cuda":
+                self.nccl_ptr = self._nccl_comm_c(job.nccl_lib)
             else:
                 from cupy.cuda import nccl
 
@@ -173,7 +172,7 @@ class GpuWorld:
         self.workspace = None
         self.peer_workspace: list[int] = []
         self.opened: list[int] = []
-        nbytes = int(job.get("workspace_bytes", 0))
+        nbytes = int(job.workspace_bytes or 0)
         if nbytes:
             backend = CudaBackend()
             self.workspace = backend.empty((nbytes,), np.uint8)

@@ -31,6 +31,7 @@ from .protocol import (
     BATCH_SEP,
     ENV_GUARD_REPORT,
     Control,
+    JobSpec,
     W,
     batch_sets,
     guard_file,
@@ -142,11 +143,11 @@ def main(argv: list[str]) -> int:
     import mpi4py
 
     mpi4py.rc.finalize = False
-    job = json.loads(Path(argv[0]).read_text())
+    job = JobSpec.from_json(Path(argv[0]).read_text())
     rank = world_rank()
-    status = Status(Path(job["out"]) / status_file(rank))
+    status = Status(Path(job.out) / status_file(rank))
     try:
-        link = Link(job["job_dir"], rank)
+        link = Link(job.job_dir, rank)
     except OSError as exc:
         status.update(error=f"could not reach the observer: {exc}")
         return 4
@@ -195,7 +196,7 @@ def warm_up_cupy(scratch: Path) -> None:
         pass
 
 
-def guard(job: dict, rank: int, solution: str, scratch: Path) -> None:
+def guard(job: JobSpec, rank: int, solution: str, scratch: Path) -> None:
     """From here on the process runs the solution's code: its memory is closed to other
     processes (host backend), forbidden library calls end it (the preloaded interposer), and
     Python solutions run under an audit hook. Everything the harness needs afterwards is
@@ -206,34 +207,34 @@ def guard(job: dict, rank: int, solution: str, scratch: Path) -> None:
 
     tempfile.tempdir = str(scratch)
     ABORT[0] = MPI.COMM_WORLD.Abort
-    if job["backend"] == "cpu":
+    if job.backend == "cpu":
         ctypes.CDLL(None).prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
-    elif job["language"] == "python":
+    elif job.language == "python":
         warm_up_cupy(scratch)
     if os.environ.get(ENV_GUARD_REPORT):
         arm = getattr(ctypes.CDLL(None), "commbench_guard_arm", None)
         if arm is not None:
             arm()
-    if job["language"] == "python" and job.get("audit", True):
+    if job.language == "python" and job.audit:
         from . import guard as audit
 
         # the status files are only quoted in messages: the solution may write them
         DESCRIBE[0] = audit.install(
-            solution=solution, writable=[job["scratch"], job["out"]],
-            report=str(Path(job["out"]) / guard_file(rank)),
+            solution=solution, writable=[job.scratch, job.out],
+            report=str(Path(job.out) / guard_file(rank)),
             hidden_modules=[__package__, "pytest_commbench", "pytest", "_pytest"])
 
 
-def watchdog(job: dict, rank: int) -> None:
+def watchdog(job: JobSpec, rank: int) -> None:
     """Shortly before the job's deadline, write every thread's Python stack to the out
     folder: where a hung rank was stuck, for the timeout's message."""
     import faulthandler
 
-    deadline = float(job.get("deadline_s") or 0)
+    deadline = float(job.deadline_s or 0)
     if deadline <= 0:
         return
     try:
-        f = open(Path(job["out"]) / stack_file(rank), "w")  # noqa: SIM115 - kept open
+        f = open(Path(job.out) / stack_file(rank), "w")  # noqa: SIM115 - kept open
     except OSError:
         return
     WATCHDOG.append(f)
@@ -243,15 +244,15 @@ def watchdog(job: dict, rank: int) -> None:
 WATCHDOG: list[Any] = []
 
 
-def run(job: dict, rank: int, status: Status, link: Link) -> None:
+def run(job: JobSpec, rank: int, status: Status, link: Link) -> None:
     watchdog(job, rank)
     from mpi4py import MPI
 
     world = MPI.COMM_WORLD
     size = world.Get_size()
-    backend = make_backend(job["backend"])
+    backend = make_backend(job.backend)
     solution_comm = world.Dup()
-    scratch = Path(job["scratch"]) / f"r{rank}"
+    scratch = Path(job.scratch) / f"r{rank}"
     scratch.mkdir(parents=True, exist_ok=True)
     extra: dict[str, Any] = {}
     gpu = None
@@ -271,19 +272,19 @@ def run(job: dict, rank: int, status: Status, link: Link) -> None:
     # from here on every failure is the solution's: the observer knows this rank got here
     status.update(phase="load solution")
     link.say(phase="loading")
-    solution = job["solution"]
+    solution = job.solution
     calls = Calls(link, backend, None)  # before the guard: it imports what it needs
-    if job["language"] == "cuda":
+    if job.language == "cuda":
         from .gpu import NativeSolution
 
         guard(job, rank, solution, scratch)
-        fixtures = job.get("fixtures", [])
+        fixtures = job.fixtures
         fn = NativeSolution(solution, gpu, "ipc" in fixtures, "host-exchange" in fixtures)
     else:
         guard(job, rank, solution, scratch)
-        fn = load_solution(solution, job["entry"])
+        fn = load_solution(solution, job.entry)
     calls.fn = fn
-    for index, case in enumerate(job["cases"], start=1):
+    for index, case in enumerate(job.cases, start=1):
         status.update(phase=f"case {case['id']}")
         ctx = Context(comm=solution_comm, rank=rank, world_size=size,
                       hostname=socket.gethostname(), params=case["params"], scratch=scratch,
@@ -294,17 +295,17 @@ def run(job: dict, rank: int, status: Status, link: Link) -> None:
     status.update(phase="done", done=True)
 
 
-def arm_cupti(job: dict):
+def arm_cupti(job: JobSpec):
     """The run-time guard of CUDA calls (COMMBENCH_CUPTI_GUARD names the library): armed for
     the solution's shared object before it is loaded, so its constructors are watched too.
     A guard that cannot be armed fails the rank before the solution is loaded (the
     harness's failure, never a run without it)."""
     path = os.environ.get("COMMBENCH_CUPTI_GUARD")
-    if not path or job.get("language") != "cuda":
+    if not path or job.language != "cuda":
         return None
     lib = ctypes.CDLL(path)
     lib.commbench_guard_cupti_arm.argtypes = [ctypes.c_char_p]
-    if lib.commbench_guard_cupti_arm(job["solution"].encode()) != 0:
+    if lib.commbench_guard_cupti_arm(job.solution.encode()) != 0:
         raise RuntimeError("the CUDA run-time guard could not be armed (CUPTI refused it)")
     return lib
 

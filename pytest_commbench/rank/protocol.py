@@ -49,6 +49,7 @@ from __future__ import annotations
 import json
 import mmap
 import os
+from dataclasses import asdict, dataclass, field, fields
 
 import numpy as np
 
@@ -78,6 +79,44 @@ ENV_RANK_CPUS = "COMMBENCH_RANK_CPUS"  # the CPUs chosen near each rank's GPU
 # files a rank writes in the job's out folder: its status, its stacks (a hung rank), a
 # guard's report; and the MPS wrapper's state
 MPS_STATE = "mps.json"
+
+
+JOB_FILE = "job.json"  # the job's spec, in its read-only folder
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """What the controller tells every rank of a job (`JOB_FILE`, written once before the
+    launch, read-only to the job): the solution and how to load it, the job's folders, its
+    deadline, and each case's arguments (never its inputs: those come through the segment)."""
+
+    solution: str  # the built solution (or the Python source) staged in the job's folder
+    entry: str  # the function a Python solution exports
+    language: str  # python | cuda | ...
+    backend: str  # cpu (host MPI) | cuda (staged, GPU)
+    out: str  # the job's out folder (status, stack and guard files)
+    scratch: str  # a folder the ranks may write (one per rank beneath it)
+    job_dir: str  # the job's folder, where its socket is
+    cases: list = field(default_factory=list)  # [{"id", "args", "params"}], in order
+    fixtures: list = field(default_factory=list)  # harness pieces the task asks for
+    workspace_bytes: int = 0  # a zeroed device workspace shared through IPC (GPU)
+    nccl_lib: str | None = None  # the NCCL library the ranks' communicator comes from
+    deadline_s: float = 0.0  # the job's deadline (a hung rank's stacks are written before)
+    ranks_per_gpu: int = 1  # ranks sharing one GPU (shared placement)
+    audit: bool = True  # a Python solution runs under the audit-hook guard
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> JobSpec:
+        """The spec from its file; keys it does not know are an error (both wings must agree)."""
+        data = json.loads(text)
+        known = {f.name for f in fields(cls)}
+        unknown = set(data) - known
+        if unknown:
+            raise ValueError(f"job spec has unknown keys: {sorted(unknown)}")
+        return cls(**data)
 
 
 def status_file(rank: int | str) -> str:

@@ -1,0 +1,20 @@
+"""The engine: one item's evaluation, split by job.
+
+- `flow.evaluate` — the one entry: an answer produced, built, run and judged (`ItemResult`);
+- `measure` — the timing policy (check job, warm-up, ABBA rounds, adaptive stopping,
+  per-size figures, trust), driving jobs through the job runner it is given;
+- `job.run_job` — the real job runner (staging, guards, sandbox, the observer);
+- `blame` — who ended a failed job; `tidy` — an item's folder after its verdict;
+- `refinement.refine` — direct prompting with refinement, a strategy over `evaluate` (the agent is
+  another, in `agent.py`);
+- `settings`, `plan`, `result` — what these pass each other.
+"""
+
+from .flow import evaluate
+from .plan import InfraError, JobRunner, Outcome, Plan
+from .refinement import feedback, refine
+from .result import ItemResult
+from .settings import RunSettings, Settings
+
+__all__ = ["evaluate", "refine", "feedback", "ItemResult", "RunSettings", "Settings", "Plan",
+           "Outcome", "InfraError", "JobRunner"]

@@ -1,0 +1,129 @@
+"""One attempt of one item: the candidate's answer produced, merged into the template, built,
+run (checked, and timed against the reference unless check-only) and judged. `evaluate` is the
+engine's one entry; refinement and agents call it once per answer."""
+
+from __future__ import annotations
+
+import time
+import traceback
+
+import numpy as np
+
+from .. import checks, regions, sandbox
+from ..checks.base import make_late
+from ..models.base import Candidate, Reply
+from ..platforms.base import Platform
+from ..tasks import Task
+from ..verdicts import Rejected, Verdict
+from .job import run_job
+from .measure import OUTPUT_IN_RECORD, figures, measure, trust
+from .plan import InfraError, JobRunner, Plan
+from .result import ItemResult
+from .settings import Settings
+from .tidy import tidy
+
+
+def evaluate(task: Task, world: int, candidate: Candidate, platform: Platform,
+             settings: Settings, runner: JobRunner = run_job) -> ItemResult:
+    """The verdict (and, timed, the speedup) of the candidate's answer: never raises; a
+    failure of the harness, the reference or the model source is an `infra_error`."""
+    started = time.time()
+    result = ItemResult(verdict="")
+    try:
+        _run(task, world, candidate, platform, settings, result, runner)
+    except Rejected as exc:
+        result.verdict, result.message, result.detail = exc.verdict, exc.message, exc.detail
+        result.output = getattr(exc, "output", "") or result.output
+    except InfraError as exc:
+        message, _, detail = str(exc).partition("\n")  # the evidence, where any, after a line
+        result.verdict, result.message, result.detail = Verdict.INFRA_ERROR, message, detail
+    except Exception as exc:  # noqa: BLE001 - a harness bug is an infra_error, never a crash
+        result.verdict = Verdict.INFRA_ERROR
+        result.message = f"harness error: {exc.__class__.__name__}: {exc}"
+        result.detail = traceback.format_exc()
+    result.verdict = str(result.verdict)
+    result.duration_s = round(time.time() - started, 3)
+    if not settings.keep:
+        tidy(settings.work, everything=result.passed)
+    return result
+
+
+def _produce(candidate: Candidate) -> Reply:
+    try:
+        return candidate.produce()
+    except Exception as exc:  # noqa: BLE001 - a model source that fails is an outage
+        return Reply(None, infra_error=f"{exc.__class__.__name__}: {exc}")
+
+
+def _run(task: Task, world: int, candidate: Candidate, platform: Platform, settings: Settings,
+         result: ItemResult, runner: JobRunner) -> None:
+    reply = _produce(candidate)
+    result.tokens_in, result.tokens_out = reply.tokens_in, reply.tokens_out
+    result.cost, result.rounds, result.reply_text = reply.cost, reply.rounds, reply.text or ""
+    # the request behind the answer (endpoint, settings, usage, its cost and price source),
+    # and whether the answer was kept from before, not asked
+    result.requests = [reply.request] if reply.request else []
+    result.replayed = reply.replayed
+    if (reply.request or {}).get("price"):
+        result.price_source = reply.request["price"]
+    if reply.infra_error:
+        raise InfraError(f"the model source failed: {reply.infra_error}")
+    if reply.truncated:  # the model's failure, judged as it is: neither built nor run
+        limit = (reply.request or {}).get("max_tokens") or reply.tokens_out
+        raise Rejected(Verdict.TRUNCATED,
+                       f"the reply was cut at the output limit ({limit} tokens): raise "
+                       "--commbench-max-tokens or the model's max_tokens")
+    template = task.template.read_text(encoding="utf-8")
+    solution = regions.merge_reply(template, reply.text)
+    settings.work.mkdir(parents=True, exist_ok=True)
+    (settings.work / f"solution{task.suffix}").write_text(solution)
+    artifact = platform.build(task, solution, settings.cache)
+
+    timed = candidate.kind == "solution" and not settings.check_only
+    if candidate.kind == "solution" and settings.check_only:
+        result.check_only = True
+    ref_artifact = None
+    if timed:
+        ref_path = settings.references / task.relpath / f"solution{task.suffix}"
+        try:
+            ref_text = ref_path.read_text(encoding="utf-8")
+            regions.verify(template, ref_text)
+            ref_artifact = platform.build(task, ref_text, settings.cache)
+        except (OSError, Rejected) as exc:
+            raise InfraError(f"the reference of {task.relpath} is unusable: {exc}") from None
+
+    op = checks.get(task.check.op)
+    rng = np.random.default_rng(settings.seed)
+    cases = []
+    for count in task.sizes:
+        for dtype in task.check.dtypes:
+            cid = f"c{len(cases)}"
+            cases.append(op.make_case(rng, cid, count, dtype, world, task.check.params,
+                                      task.check.trials, 0))
+            if task.check.late_rank:
+                make_late(cases[-1], rng, len(cases) - 1)
+    if not settings.unsandboxed and sandbox.probe():
+        raise InfraError(f"no job sandbox on this machine ({sandbox.probe()}); "
+                         "--commbench-unsandboxed runs without one")
+    artifacts = {"ref": ref_artifact.path, "sol": artifact.path} if timed else {"sol": artifact.path}
+    with platform.lease(world, exclusive=timed and not settings.shared_node) as lease_env:
+        plan = Plan(task, world, platform, settings, op, cases, settings.timeout or task.timeout,
+                    lease_env=lease_env)
+        measured = measure(plan, artifacts, runner)
+    result.output = measured.output[-OUTPUT_IN_RECORD:]
+    result.verdict = Verdict.PASS
+    if measured.untimed_phases_us:
+        result.untimed_phases_us = measured.untimed_phases_us
+    if not timed:
+        return
+    result.timing_rounds = measured.rounds
+    result.timing_stopped = measured.stopped
+    result.host_load = measured.host_load
+    result.imprecise = measured.imprecise
+    if measured.compared:
+        result.speedup_se = measured.speedup_se
+    if settings.reps > 0:
+        result.sizes, result.speedup = figures(plan, measured)
+        shared = getattr(platform, "shared", lambda _w: False)(world)
+        result.speedup_ci90, result.timing_trust = trust(result.sizes, result.speedup,
+                                                         measured, shared)

@@ -1,0 +1,183 @@
+"""Running one job: its folder staged (its own copy of the rank code and of the built
+solution, its guards), its ranks launched (in their sandbox), every case of the plan driven
+by the observer, and the outcome judged with who is to blame for a failure."""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+import time
+from pathlib import Path
+
+import numpy as np
+
+from .. import cupti_guard, interposer, observer, sandbox
+from ..build import ALWAYS_FORBIDDEN_C, expand_forbid, native_forbid
+from ..launch import Job, find_mpiexec, mpi_env
+from ..rank import protocol
+from ..tasks import Task
+from ..verdicts import Verdict
+from .blame import blame, killed_outside
+from .plan import Outcome, Plan
+from .settings import Settings
+
+MAX_MESSAGES = 5  # a wrong answer's messages kept in its outcome
+END_GRACE_S = 30.0  # seconds the ranks have to end after their last call
+
+RANK_CODE = Path(__file__).parent.parent / "rank"
+
+
+def stage(job_dir: Path, artifact: Path) -> tuple[Path, Path]:
+    """The job's read-only part: its own copy of the rank code and of the built solution
+    (the package and the build cache are not visible in the sandbox)."""
+    code = job_dir / "ro" / "code" / "commbench_rank"
+    code.mkdir(parents=True)
+    for src in RANK_CODE.glob("*.py"):
+        shutil.copyfile(src, code / src.name)
+    solution = job_dir / "ro" / artifact.name
+    shutil.copyfile(artifact, solution)
+    return code.parent, solution
+
+
+def hidden(settings: Settings) -> list[Path]:
+    """What a job must not see: the references and the project around them, the build
+    cache, every item's and run's files (the job's own folder is brought back)."""
+    trees = [settings.references, settings.references.parent, settings.cache,
+             settings.work.parent, *settings.hide]
+    return [t for t in trees if t and Path(t).resolve() != Path("/")]
+
+
+def interposer_for(task: Task, settings: Settings) -> Path | None:
+    """The preloaded library that ends a rank calling what the task forbids (None where the
+    task forbids nothing or the machine cannot build it)."""
+    uses = {task.library, *task.requires}
+    libs = interposer.default_libraries(find_mpiexec(), nccl=bool(uses & {"nccl", "nccl-device"}),
+                                        nvshmem="nvshmem" in uses)
+    patterns = tuple(dict.fromkeys((*expand_forbid(task.forbid), *ALWAYS_FORBIDDEN_C)))
+    # a compiled solution cannot call mpi4py (the Python C API is forbidden to it): MPI calls
+    # from mpi4py's extension are the harness's own (its host helpers, its own set-up)
+    trusted = interposer.mpi4py_folders() if task.language == "cuda" else ()
+    return interposer.build_interposer(patterns, libs, settings.cache / "guard", trusted)
+
+
+def cupti_guard_for(task: Task, settings: Settings) -> Path | None:
+    """The library each rank of a CUDA task arms before loading the solution: a CUDA runtime
+    or driver function the task forbids, called from the solution's code however its address
+    was found, ends the rank (None where the task forbids none or CUPTI is missing)."""
+    if task.language != "cuda" or not task.forbid:
+        return None
+    patterns = native_forbid(expand_forbid(task.forbid))
+    return cupti_guard.build_cupti_guard(
+        patterns, settings.cache / "cupti",
+        trusted=cupti_guard.trusted_for({task.library, *task.requires}))
+
+
+def job_seed(seed: int, job_dir: Path) -> int:
+    return int.from_bytes(hashlib.sha256(f"{seed}:{job_dir.name}".encode()).digest()[:8],
+                          "little")
+
+
+def run_job(plan: Plan, artifact: Path, job_dir: Path, timed: bool,
+            trials: bool = True) -> Outcome:
+    """The job runner: one job of ranks running every case of the plan (see `JobRunner`)."""
+    task, world, platform, settings = plan.task, plan.world, plan.platform, plan.settings
+    if job_dir.exists():
+        shutil.rmtree(job_dir)
+    out, scratch = job_dir / "out", job_dir / "scratch"
+    out.mkdir(parents=True)
+    scratch.mkdir()
+    code, solution = stage(job_dir, artifact)
+    libs = getattr(platform, "nccl_lib", lambda: None)()
+    spec = protocol.JobSpec(
+        solution=str(solution), entry=task.entry, language=task.language,
+        fixtures=list(task.fixtures), workspace_bytes=task.workspace, backend=platform.backend,
+        out=str(out), scratch=str(scratch), job_dir=str(job_dir.resolve()), nccl_lib=libs,
+        deadline_s=plan.deadline, ranks_per_gpu=getattr(platform, "ranks_per_gpu", 1),
+        cases=[{"id": c.id, "args": c.args, "params": c.params} for c in plan.cases])
+    job_file = job_dir / "ro" / protocol.JOB_FILE
+    job_file.write_text(spec.to_json())
+    env = {**mpi_env(), **platform.env(), **plan.lease_env, "PYTHONPATH": str(code),
+           protocol.ENV_GUARD_REPORT: str(out / protocol.GUARD_REPORT), "TMPDIR": "/tmp",
+           # compile caches of the job's own (a shared one could carry a solution's kernels
+           # into the reference's jobs); the rest of the filesystem is read-only
+           "CUPY_CACHE_DIR": str(scratch / ".cupy"), "CUDA_CACHE_PATH": str(scratch / ".nv")}
+    preload = interposer_for(task, settings)
+    if preload is not None:
+        staged = job_dir / "ro" / preload.name
+        shutil.copyfile(preload, staged)
+        env["LD_PRELOAD"] = ":".join(p for p in (str(staged), env.get("LD_PRELOAD")) if p)
+    watch = cupti_guard_for(task, settings)
+    if watch is not None:  # loaded and armed by each rank, before the solution
+        staged = job_dir / "ro" / watch.name
+        shutil.copyfile(watch, staged)
+        env[cupti_guard.GUARD_ENV] = str(staged)
+    argv = platform.launch_argv(world, job_file)
+    if not settings.unsandboxed:
+        argv = sandbox.wrap(job_dir, argv, env, hide=hidden(settings))
+    obs_settings = observer.Settings(
+        reps=settings.reps, max_reps=settings.max_reps, timing_budget=settings.timing_budget,
+        warmup=settings.warmup, wall_s=settings.wall_s, rtol=task.check.rtol,
+        atol=task.check.atol)
+    rng = np.random.default_rng(job_seed(settings.seed, job_dir))
+    # batches of calls: Python solutions on the host backend; on a GPU (a device buffer set,
+    # a compiled solution's context and its IPC mappings per call) where asked for
+    batch = (task.language == "python" if platform.backend == "cpu" else settings.gpu_batch)
+    obs = observer.Observer(job_dir, world, plan.op, obs_settings, rng,
+                            staged=platform.backend != "cpu", timed=timed, trials=trials,
+                            batch=batch,
+                            batches=dict(plan.batches) if plan.batches else None)
+    outcome = Outcome(Verdict.PASS)
+    failure: Exception | None = None
+    job = Job(argv, job_dir, plan.deadline, env=env)
+    try:
+        obs.connect(job)
+        for index, case in enumerate(plan.cases, start=1):
+            outcome.times[case.id] = obs.run_case(case)
+            obs.end(index)
+        job.end = min(job.end, time.monotonic() + END_GRACE_S)
+        job.wait()
+        if job.alive() or job.proc.returncode != 0:
+            raise observer.JobEnded(Verdict.RUNTIME_ERROR, "the ranks did not end cleanly "
+                                                           "after their last call")
+    except observer.WrongAnswer as exc:
+        outcome.verdict = Verdict.WRONG_ANSWER
+        outcome.message = exc.errors[0]
+        more = exc.errors[1:MAX_MESSAGES]
+        outcome.detail = "\n".join(more + ([f"... {len(exc.errors) - MAX_MESSAGES} more"]
+                                           if len(exc.errors) > MAX_MESSAGES else []))
+    except observer.JobEnded as exc:
+        outcome.verdict, outcome.message, outcome.detail = exc.verdict, exc.message, exc.detail
+    except Exception as exc:  # judged below, once every rank's last words are read
+        failure = exc
+    finally:
+        obs.end(len(plan.cases))
+        result = job.finish()
+        try:
+            # whether a rank began to load the solution decides who is to blame: read all
+            # the ranks said before the job ended, not only what the observer had read
+            obs.settle()
+        finally:
+            obs.close()
+            if settings.unsandboxed:  # a sandbox's daemons die with it; here one may be left
+                getattr(platform, "reap", lambda _out: None)(out)
+    if failure is not None:
+        # after a rank began to load the solution, whatever made the observer fail came
+        # through the solution's reach (its outputs, its messages, its processes): its fault
+        if not obs.loaded:
+            raise failure
+        outcome.verdict = Verdict.RUNTIME_ERROR
+        outcome.message = (f"the job made the observer fail ({type(failure).__name__}: "
+                           f"{str(failure)[:300]})")
+    elif outcome.verdict is Verdict.INFRA_ERROR and obs.loaded:
+        # the observer said "not loaded yet" before it had read every rank's word: a rank
+        # had begun to load the solution, so the job's end is the solution's
+        outcome.verdict = Verdict.TIMEOUT if result.timed_out else Verdict.RUNTIME_ERROR
+        outcome.message = (f"the job did not finish within {plan.deadline:g} s and was killed"
+                           if result.timed_out else "the job ended early")
+    outcome.output, outcome.seconds = result.output, result.seconds
+    outcome.batches = obs.batches
+    if outcome.verdict is Verdict.RUNTIME_ERROR and not settings.unsandboxed:
+        killed_outside(result)
+    if outcome.verdict in (Verdict.RUNTIME_ERROR, Verdict.TIMEOUT):
+        blame(outcome, result, out, world, obs.loaded)
+    return outcome

@@ -1,0 +1,97 @@
+"""Direct prompting with refinement, a strategy over `evaluate`: the model's answer is
+evaluated; a failure, or a pass slower than the reference, is fed back and the model answers
+again, up to `settings.rounds` times (a model that cannot be asked again answers once)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from ..models.base import Candidate
+from ..platforms.base import Platform
+from ..tasks import Task
+from .flow import evaluate
+from .job import run_job
+from .plan import JobRunner
+from .result import ItemResult
+from .settings import Settings
+
+
+def refine(task: Task, world: int, candidate: Candidate, platform: Platform,
+           settings: Settings, runner: JobRunner = run_job) -> dict[str, Any]:
+    """The item's result record (without run-level fields): the best passing round's (else the
+    last's), with every round's tokens and cost, the round that first passed and each round's
+    verdict."""
+    started = time.time()
+    rounds = settings.rounds if candidate.refine is not None else 1
+    history: list[dict[str, Any]] = []
+    best: ItemResult | None = None
+    result: ItemResult | None = None
+    tokens_in = tokens_out = 0
+    cost = 0.0
+    # what the answers cost, replayed ones included (`cost` counts an answer once per run,
+    # in the item that got it first): the budget's measure, so that every world size of a
+    # task, and a rerun from kept replies, stops at the round the asking run stopped at
+    spent = 0.0
+    requests: list[dict[str, Any]] = []
+    replayed = False
+    ended = candidate.ended(world) if candidate.ended is not None else None
+    for rnd in range(1, rounds + 1):
+        if rnd == 1 or result is None:
+            attempt = candidate
+        else:
+            told, previous = feedback(result), result.reply_text
+            attempt = Candidate(candidate.id, candidate.kind,
+                                lambda r=rnd, f=told, p=previous: candidate.refine(r, p, f))
+        result = evaluate(task, world, attempt, platform, settings, runner)
+        stop = None
+        tokens_in += result.tokens_in
+        tokens_out += result.tokens_out
+        cost += result.cost or 0.0
+        asked = result.requests
+        spent += (sum(float(q.get("cost") or 0.0) for q in asked) if asked
+                  else result.cost or 0.0)
+        requests += asked
+        replayed = replayed or result.replayed
+        history.append({"round": rnd, "verdict": result.verdict, "speedup": result.speedup,
+                        "message": result.message[:300]})
+        if result.passed:
+            if best is None or (result.speedup or 0) > (best.speedup or 0):
+                best = result
+            if result.speedup is None or result.speedup >= 1.0:
+                stop = "fast enough"
+        elif result.verdict == "infra_error":
+            break  # an outage or a broken reference: asking again would not help
+        if stop is None and settings.budget_usd is not None and spent >= settings.budget_usd:
+            stop = "budget"  # the task's budget is spent (the paper's cost-matched comparison)
+        if stop is not None or rnd == ended:
+            # an early end is kept with the replies: a rerun (whose timing may differ)
+            # stops at the same round and asks nothing new
+            if stop is not None and rnd < rounds and candidate.end is not None:
+                candidate.end(world, rnd)
+            break
+    final = (best or result).as_record()
+    final.update(tokens_in=tokens_in, tokens_out=tokens_out, cost=cost, requests=requests,
+                 replayed=replayed, rounds=len(history),
+                 duration_s=round(time.time() - started, 3))
+    if candidate.refine is not None:
+        first = next((h["round"] for h in history if h["verdict"] == "pass"), None)
+        final.update(round=first, round_history=history)
+    return final
+
+
+def feedback(result: ItemResult) -> str:
+    """What the next round is told about the last: the verdict and its evidence, or the
+    per-size speedups of a pass. Never anything of the reference or the seed."""
+    if result.passed:
+        sizes = ", ".join(f"count {s['count']}: {s['speedup']:.2f}x" for s in result.sizes
+                          if s.get("speedup") is not None)
+        return (f"verdict: pass, but slower than the expert solution: speedup "
+                f"{result.speedup or 0:.3f} overall ({sizes}). Make it faster, "
+                "keeping it correct.")
+    parts = [f"verdict: {result.verdict}", result.message]
+    if result.detail:
+        parts.append(result.detail[-3000:])
+    if result.output:
+        parts.append("output (tail):\n" + result.output[-2000:])
+    return "\n".join(p for p in parts if p)

@@ -1,0 +1,70 @@
+"""An attempt's result, typed: what `evaluate` returns. Serialised once (`as_record`) into the
+fields of the result line (the JSON schema the logs, reports and hooks read, unchanged); the
+reply's text and the precision flag travel with it but are never written."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+#: optional fields: written only where they were measured or said
+OPTIONAL = ("check_only", "price_source", "speedup_se", "speedup_ci90", "timing_trust",
+            "host_load", "timing_rounds", "timing_stopped", "untimed_phases_us")
+
+
+@dataclass
+class ItemResult:
+    verdict: str
+    message: str = ""
+    detail: str = ""
+    output: str = ""  # the solution's output (tail)
+    duration_s: float = 0.0
+    # the answer: its usage, the request behind it, whether it was kept from before
+    tokens_in: int = 0
+    tokens_out: int = 0
+    cost: float | None = 0.0
+    rounds: int = 1  # the model's own rounds for this answer (a multi-turn source's)
+    requests: list[dict[str, Any]] = field(default_factory=list)
+    replayed: bool = False
+    price_source: dict[str, Any] | None = None
+    # what was measured: per-size figures and the speedup, and how far it may be read
+    speedup: float | None = None
+    sizes: list[dict[str, Any]] = field(default_factory=list)
+    check_only: bool | None = None
+    speedup_se: float | None = None
+    speedup_ci90: list[float] | None = None
+    timing_trust: str | None = None
+    host_load: dict[str, Any] | None = None
+    timing_rounds: int | None = None
+    timing_stopped: str | None = None
+    untimed_phases_us: dict[str, Any] | None = None
+    # never written: the reply's text (the next round's prompt quotes it) and whether the
+    # speedup is less precise than asked
+    reply_text: str = field(default="", repr=False)
+    imprecise: bool = field(default=True, repr=False)
+
+    @property
+    def passed(self) -> bool:
+        return self.verdict == "pass"
+
+    def as_record(self) -> dict[str, Any]:
+        """The result line's fields of this attempt (the run's and the item's are added by
+        the plugin)."""
+        record: dict[str, Any] = {
+            "verdict": self.verdict, "message": self.message, "detail": self.detail,
+            "speedup": self.speedup, "sizes": self.sizes, "tokens_in": self.tokens_in,
+            "tokens_out": self.tokens_out, "cost": self.cost, "rounds": self.rounds,
+            "output": self.output, "requests": self.requests, "replayed": self.replayed,
+            "duration_s": self.duration_s}
+        for name in OPTIONAL:
+            value = getattr(self, name)
+            if value is not None:
+                record[name] = value
+        return record
+
+    @classmethod
+    def from_record(cls, record: dict[str, Any]) -> ItemResult:
+        """The attempt's part of a result line (one written by any version: fields it does
+        not know are left, fields it lacks keep their defaults)."""
+        known = {f.name for f in fields(cls)} - {"reply_text", "imprecise"}
+        return cls(**{k: v for k, v in record.items() if k in known})

@@ -1,0 +1,99 @@
+"""A third-party plugin, as docs/plugins.md describes one: a model, a platform and a strategy
+registered through the hooks from a conftest.py, with no import of anything private."""
+
+from __future__ import annotations
+
+PLUGIN = '''
+from pathlib import Path
+
+import pytest
+
+from pytest_commbench.engine import ItemResult, evaluate
+from pytest_commbench.models.base import Asker, Candidate, Model, Reply
+from pytest_commbench.platforms.cpu import CpuPlatform
+
+SEEN = []
+
+
+class Shop(Model):
+    """Answers with the template first (wrong), then with the reference (right)."""
+
+    name = "shop"
+
+    def candidates(self, task, references):
+        answers = [task.template, references / task.relpath / f"solution{task.suffix}"]
+        asked = []
+
+        def ask(folder, prompt):
+            text = prompt() if callable(prompt) else prompt
+            asked.append(text)
+            return Reply(answers[min(len(asked), 2) - 1].read_text(), tokens_in=len(text))
+
+        asker = Asker(folder=lambda: Path(str(references)).parent / "replies" / task.name,
+                      prompt=lambda: "write it", ask=ask)
+        return [Candidate("", "solution", lambda: ask(None, "write it"), asker=asker)]
+
+
+class Laptop(CpuPlatform):
+    """The CPU platform under another name: runs the tasks written for "cpu"."""
+
+    name = "laptop"
+
+    def skip_reason(self, task, world):
+        if "cpu" not in task.platforms:
+            return f"task runs on {', '.join(task.platforms)}, not on a CPU"
+        return self.skip_reason_common(task, world)
+
+
+class BestOfTwo:
+    """A strategy over evaluate: two answers, the passing one kept."""
+
+    name = label = "best-of-two"
+
+    def run(self, task, world, candidate, platform, settings):
+        results = []
+        for number in (1, 2):
+            reply = candidate.asker.ask(None, f"attempt {number}")
+            results.append(evaluate(task, world, Candidate("", "solution", lambda r=reply: r),
+                                    platform, settings))
+        assert all(isinstance(r, ItemResult) for r in results)
+        SEEN.append([r.verdict for r in results])
+        kept = next((r for r in results if r.passed), results[-1])
+        return {**kept.as_record(), "rounds": 2,
+                "round_history": [{"round": i + 1, "verdict": r.verdict}
+                                  for i, r in enumerate(results)]}
+
+
+def pytest_commbench_make_model(config, name):
+    return Shop() if name == "shop" else None
+
+
+def pytest_commbench_model_names(config):
+    return ["shop"]
+
+
+def pytest_commbench_make_platform(config, name):
+    return Laptop() if name == "laptop" else None
+
+
+def pytest_commbench_make_agent(config, name):
+    return BestOfTwo() if name == "best-of-two" else None
+
+
+def pytest_commbench_result(config, record):
+    Path("seen.txt").write_text(str(SEEN))
+'''
+
+
+def test_a_model_a_platform_and_a_strategy_from_a_third_party_plugin(bench):
+    bench.add_task()
+    (bench.root / "conftest.py").write_text(PLUGIN)
+    result = bench.run("--commbench-model=shop", "--platform=laptop",
+                       "--commbench-agent=best-of-two")
+    result.assert_outcomes(passed=1)
+    (record,) = bench.records()
+    assert record["model"] == "shop" and record["platform"] == "laptop"
+    assert record["agent"] == "best-of-two" and record["verdict"] == "pass"
+    first, second = (h["verdict"] for h in record["round_history"])
+    assert first not in ("pass", "infra_error") and second == "pass"  # the template, then the ref
+    assert (bench.root / "seen.txt").read_text() == f"[['{first}', 'pass']]"
