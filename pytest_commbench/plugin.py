@@ -32,7 +32,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     groups = {key: parser.getgroup(f"commbench-{key}", f"commbench: {title}")
               for key, (title, _names) in GROUPS.items()}
     for option in OPTIONS:
-        name, desc = option.name, option.help
+        name, desc = option.name, option.text
         for old in option.aliases:  # former names: still read, never listed
             parser.addini(f"commbench_{old}", f"former name of commbench_{name}")
         if not option.cli:

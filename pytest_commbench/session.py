@@ -115,12 +115,18 @@ class Option:
     # former names, still read (command line, environment, ini) with a warning to rename
     aliases: tuple[str, ...] = ()
 
+    @property
+    def text(self) -> str:
+        """The help text, its "{default}" the table's default (written nowhere else)."""
+        shown = f"{self.default:g}" if isinstance(self.default, float) else str(self.default)
+        return self.help.replace("{default}", shown)
+
 
 MODEL_DESC = "where solutions come from: reference, template, mutants, dir:PATH or a registered model"
 PLATFORM_DESC = "platform to run on: auto (default), cpu, h200, b300, gh200, mi325x or a registered one"
 SEED_DESC = "secret seed of the random inputs (default: a fresh one per run, printed)"
 TIMEOUT_DESC = "per-job deadline in seconds (default: the task manifest's timeout)"
-RUNS_DESC = "where result logs and scratch directories go (default .commbench/runs)"
+RUNS_DESC = "where result logs and scratch directories go (default {default})"
 SCRATCH_DESC = ("where items' scratch directories (inputs, outputs) go instead of the runs "
                 "directory, e.g. a tmpfs such as /dev/shm for large sizes")
 BUILD_CACHE_DESC = ("a folder of built solutions kept between runs, found again by their source, "
@@ -130,27 +136,27 @@ RESUME_DESC = ("finish a killed run: RUN is its id under the runs directory or i
                "items it finished are reported from its log, the rest run with its seed")
 ROUNDS_DESC = ("refinement rounds: after a failure, or a pass slower than the reference, the "
                "model is asked again with the verdict and its evidence, up to this many "
-               "generations per task (default 1)")
-TIMING_ROUNDS_DESC = "interleaved reference/solution timing rounds per item, at least (default 2)"
+               "generations per task (default {default})")
+TIMING_ROUNDS_DESC = "interleaved reference/solution timing rounds per item, at least (default {default})"
 MAX_ROUNDS_DESC = ("at most this many timing rounds: they are added while the speedup is less "
-                   "precise than --commbench-timing-precision (default 6)")
+                   "precise than --commbench-timing-precision (default {default})")
 PRECISION_DESC = ("relative uncertainty of an item's speedup (standard error, from how much "
                   "the jobs scatter, at its 90% upper bound for so few jobs) below which no "
-                  "more timing rounds are added (default 0.03)")
-REPS_DESC = "timed repetitions per size per job (default 10)"
-WARMUP_DESC = "untimed warm-up calls per size per job (default 2)"
+                  "more timing rounds are added (default {default})")
+REPS_DESC = "timed repetitions per size per job (default {default})"
+WARMUP_DESC = "untimed warm-up calls per size per job (default {default})"
 BUDGET_DESC = ("seconds of timed work per size per job; repetitions go on past --commbench-reps "
-               "until it is spent (default 0.25; formerly --commbench-budget)")
-MAX_REPS_DESC = "at most this many timed repetitions per size per job (default 200)"
+               "until it is spent (default {default}; formerly --commbench-budget)")
+MAX_REPS_DESC = "at most this many timed repetitions per size per job (default {default})"
 KEEP_DESC = "keep the scratch directories of passing items too"
 RANKS_PER_GPU_DESC = ("shared placement: put up to N ranks on one GPU, so an item of W ranks runs "
                       "where ceil(W/N) GPUs are visible (each job gets an MPS daemon of its "
                       "own); checks correctness on fewer GPUs, its timings are not NVLink "
-                      "figures (default 1: one GPU per rank)")
+                      "figures (default {default}: one GPU per rank)")
 GPU_BATCH_DESC = ("GPU jobs time short calls as batches of back-to-back calls, each on a buffer "
                   "set of its own with its inputs uploaded just before it (as CPU jobs do); "
-                  "checked on the CPU through the staged protocol, not yet on a GPU (default "
-                  "off: one call per timed repetition)")
+                  "checked on the CPU through the staged protocol and, for correctness, on one "
+                  "GPU with ranks sharing it (default off: one call per timed repetition)")
 SHARED_NODE_DESC = ("timed items lease only the GPUs they use instead of the whole node "
                     "(faster with -n, but neighbours may disturb the numbers)")
 UNSANDBOXED_DESC = ("run jobs without their sandbox where namespaces are not available "
@@ -162,7 +168,7 @@ MODELS_FILE_DESC = "a TOML file of models that extends or overrides the shipped 
 REGENERATE_DESC = ("ask the model again even where the runs directory keeps a reply for the "
                    "task (otherwise kept replies are reused and no request is sent)")
 REQUEST_TIMEOUT_DESC = ("seconds a streamed reply may go without a new chunk, reasoning included "
-                        "(default 900; a whole request is capped at 4 hours)")
+                        "(default {default}; a whole request is capped at 4 hours)")
 CONTENDED_DESC = ("stop (default): no timing rounds past --commbench-timing-rounds where the host "
                   "is contended (more CPUs busy than there are: no number of rounds makes such a "
                   "timing readable); continue: add them as elsewhere")
@@ -170,7 +176,7 @@ MAX_TOKENS_DESC = ("output tokens a model may use for one reply, reasoning inclu
                    "the registry's max_tokens; a server that lists its context length is "
                    "asked for no more than fits after the prompt)")
 SAMPLES_DESC = ("independent answers per task (each an item, e.g. [np2-s1]); pass@k for every "
-                "k up to it in the summary (default 1)")
+                "k up to it in the summary (default {default})")
 TEMPERATURE_DESC = "sampling temperature (default: the registry's, else the provider's)"
 CHECK_ONLY_DESC = ("correctness only: every item's trials and checked repetitions, no reference "
                   "job and no timing (passes have no speedup)")
@@ -178,7 +184,7 @@ AGENT_DESC = ("agent mode: geak (generate, evaluate, reflect on a failure, optim
               "a registered agent; each sample is one agent run, --commbench-rounds bounds "
               "its evaluated iterations (default: off, direct prompting)")
 MAX_DEBUG_DESC = ("agent mode: consecutive fix attempts that end in the same error before the "
-                  "agent restarts from a fresh generation (default 3)")
+                  "agent restarts from a fresh generation (default {default})")
 KNOWLEDGE_DESC = ("agent mode: on (default) adds the suite's knowledge pack of each library the "
                   "task uses to the prompts; off for the ablation")
 RETRIEVAL_DESC = ("agent mode: on adds the prompt and template of the most similar other task "
@@ -223,10 +229,10 @@ OPTIONS: list[Option] = [
     Option("max_debug", positive_count, 3, MAX_DEBUG_DESC),
     Option("knowledge", _on_off, "on", KNOWLEDGE_DESC),
     Option("retrieval", _on_off, "off", RETRIEVAL_DESC),
-    Option("references", _text, "references", "hidden references root (default: references)",
+    Option("references", _text, "references", "hidden references root (default: {default})",
            cli=False),
     Option("suites", _text, "suites", "suites root, to name tasks by relative path "
-           "(default: suites)", cli=False),
+           "(default: {default})", cli=False),
 ]
 #: `pytest --help` lists the options in these groups, in this order (the rest under "run")
 GROUPS: dict[str, tuple[str, tuple[str, ...]]] = {

@@ -219,3 +219,17 @@ def test_a_speedup_series_is_ordered_as_the_jobs_ran(tmp_path):
     got = measure(plan, {"ref": jobs.ref, "sol": jobs.sol}, jobs, lambda: Load())
     sizes, _ = figures(plan, got)
     assert np.allclose(sizes[0]["jobs_ref_us"], [3000 * 1.002, 2000 * 1.002], rtol=1e-6)
+
+
+def test_help_texts_take_their_defaults_from_the_option_table():
+    from pytest_commbench.session import OPTIONS
+
+    for option in OPTIONS:
+        assert "{default}" not in option.text
+        if "{default}" in option.help:
+            shown = (f"{option.default:g}" if isinstance(option.default, float)
+                     else str(option.default))
+            assert f"default {shown}" in option.text or f"default: {shown}" in option.text
+    texts = {o.name: o.text for o in OPTIONS}
+    assert "(default 10)" in texts["reps"] and "(default 900;" in texts["request_timeout"]
+    assert "(default 0.25;" in texts["timing_budget"]
