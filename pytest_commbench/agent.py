@@ -39,6 +39,7 @@ from .engine import ItemResult, evaluate, feedback
 from .models.base import Candidate, Reply
 from .scoring import BANDS, record_band
 from .tasks import Task, load_suite
+from .verdicts import Verdict
 
 AGENT_NAMES = ("geak",)
 KNOWLEDGE_DIR = "knowledge"  # <suites>/knowledge/<library or feature>.md
@@ -205,7 +206,7 @@ def faster(new: dict[str, Any], best: dict[str, Any]) -> tuple[bool, str]:
     band is only named where the interval lies inside it and the timing was not contended)
     is a better one than the best's named band. An untimed pass (check only) is never
     faster. Returns the decision and why."""
-    if new.get("verdict") != "pass":
+    if new.get("verdict") != Verdict.PASS:
         return False, f"it failed ({new.get('verdict')}: {str(new.get('message', ''))[:300]})"
     s_new, s_best = new.get("speedup"), best.get("speedup")
     if s_new is None or s_best is None:
@@ -366,9 +367,9 @@ class GeakAgent:
                          "cost": reply.cost, "speedup_ci90": record.get("speedup_ci90"),
                          "sizes": [{k: s.get(k) for k in ("count", "dtype", "speedup")}
                                    for s in record.get("sizes", [])]})
-            if record["verdict"] == "infra_error":
+            if record["verdict"] == Verdict.INFRA_ERROR:
                 stop = "infra_error"  # the harness or the reference failed: asking won't help
-        if done is None and stop != "infra_error":
+        if done is None and stop != Verdict.INFRA_ERROR:
             _write_json(done_file, {"stop": stop, "steps": number - (stop != "rounds"),
                                     "iterations": iteration})
         return self._final(run, stop, started, added)
@@ -400,7 +401,7 @@ class GeakAgent:
                                  "verdict": record["verdict"], "speedup": record.get("speedup"),
                                  "message": str(record.get("message", ""))[:300]}
         run.last = record
-        passed = record["verdict"] == "pass"
+        passed = record["verdict"] == Verdict.PASS
         if run.best is None:
             fixing = run.failed is not None and not run.fresh
             run.fresh = False
@@ -432,7 +433,7 @@ class GeakAgent:
             "agent": self.label, "tokens_in": run.tokens_in, "tokens_out": run.tokens_out,
             "cost": run.cost, "requests": run.requests,
             "rounds": len(run.history), "round_history": run.history,
-            "round": next((h["round"] for h in run.history if h["verdict"] == "pass"), None),
+            "round": next((h["round"] for h in run.history if h["verdict"] == Verdict.PASS), None),
             "agent_calls": dict(run.calls), "agent_restarts": run.restarts,
             "agent_kept": run.kept, "agent_stop": stop,
             "agent_first": None if first is None else {"verdict": first["verdict"],

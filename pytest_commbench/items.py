@@ -114,13 +114,13 @@ class TaskItem(pytest.Item):
         """Pass or fail the pytest item as its verdict says."""
         verdict = record["verdict"]
         if self.candidate.kind == "mutant":
-            if verdict == "pass":
+            if verdict == Verdict.PASS:
                 raise CommbenchFailure(record, "MUTANT SURVIVED: the checker accepted a known-"
                                                f"wrong solution (the oracle is too weak){note}")
-            if verdict == "infra_error":
+            if verdict == Verdict.INFRA_ERROR:
                 raise CommbenchFailure(record, f"infra_error: the mutant could not be judged{note}")
             return
-        if verdict != "pass":
+        if verdict != Verdict.PASS:
             raise CommbenchFailure(record, f"verdict {verdict}{note}")
 
     # -- pytest protocol ---------------------------------------------------------------------
@@ -128,7 +128,7 @@ class TaskItem(pytest.Item):
         state = self.config.stash[STATE]
         recorded = state.resumed.get(self.nodeid)
         if recorded is not None:  # finished by the run being resumed: judged in runtest
-            if recorded.get("verdict") == "skipped":
+            if recorded.get("verdict") == Verdict.SKIPPED:
                 self._adopt(recorded)
                 pytest.skip(str(recorded.get("message") or "skipped"))
             return

@@ -46,6 +46,7 @@ from .scoring import (
     record_band,
     score,
 )
+from .verdicts import Verdict
 
 DIMENSIONS = ("category", "difficulty", "setup", "library")
 DIFFICULTIES = ("easy", "medium", "hard")
@@ -347,7 +348,7 @@ def bands(board: Board) -> dict[str, dict[str, int]]:
     for e in board.entries:
         counts = dict.fromkeys(BAND_ORDER, 0)
         for t in e.tasks:
-            if t["verdict"] == "pass":
+            if t["verdict"] == Verdict.PASS:
                 counts[record_band(t) or UNTIMED] += 1
         out[e.label] = counts
     return out
@@ -419,7 +420,7 @@ def speedups_by_size(board: Board) -> dict[str, list[dict[str, Any]]]:
         for r in sorted(e.solutions, key=lambda r: (r.get("world") or 0, r.get("candidate", ""))):
             points = [(s["bytes"], s["count"], s["speedup"]) for s in r.get("sizes") or []
                       if s.get("speedup") is not None and s.get("bytes") is not None]
-            if r["verdict"] != "pass" or not points:
+            if r["verdict"] != Verdict.PASS or not points:
                 continue
             name = e.label + (f" np{r['world']}" if r.get("world") is not None else "") \
                 + (f" {r['candidate']}" if r.get("candidate") else "")

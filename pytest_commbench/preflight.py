@@ -16,6 +16,7 @@ import pytest
 
 from .models.api import _safe
 from .session import flag_name, given, lookup, renamed, setting
+from .verdicts import Verdict
 
 #: options that only models which can be asked use (their reason, for the warning)
 ASKED_ONLY = ("rounds", "samples", "temperature", "budget_usd", "base_url", "regenerate",
@@ -98,7 +99,7 @@ def check(config: pytest.Config, state: Any) -> None:
 
 def no_item_ran(records: list[dict]) -> str | None:
     """Why a benchmark session ran nothing (every item skipped), or None."""
-    if not records or any(r.get("verdict") != "skipped" for r in records):
+    if not records or any(r.get("verdict") != Verdict.SKIPPED for r in records):
         return None
     reasons = Counter(str(r.get("message") or "skipped") for r in records)
     listed = "; ".join(f"{n} x {why}" for why, n in reasons.most_common())

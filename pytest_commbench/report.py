@@ -19,6 +19,7 @@ from .scoring import (
     record_band,
     score,
 )
+from .verdicts import Verdict
 
 WriteLine = Callable[[str], None]
 WriteSep = Callable[[str, str], None]
@@ -56,7 +57,7 @@ def _task_rows(records: list[dict]) -> list[list[str]]:
     for r in sorted(records, key=lambda r: r["nodeid"]):
         per_size = " ".join(f"{s['count']}:{s['speedup']:.2f}" for s in r.get("sizes", []))
         se = r.get("speedup_se")
-        speed = "check only" if r.get("check_only") and r["verdict"] == "pass" else \
+        speed = "check only" if r.get("check_only") and r["verdict"] == Verdict.PASS else \
             _num(r.get("speedup"))
         rows.append([
             r["task"], r.get("world", ""), r["verdict"], speed,
@@ -71,7 +72,7 @@ def unreadable(records: list[dict]) -> list[str]:
     out = []
     for r in sorted(records, key=lambda r: r["nodeid"]):
         trust = r.get("timing_trust")
-        if r["verdict"] != "pass" or trust in (None, "ok"):
+        if r["verdict"] != Verdict.PASS or trust in (None, "ok"):
             continue
         load = r.get("host_load") or {}
         stopped = (f"; timing stopped after {r.get('timing_rounds')} rounds"
@@ -101,7 +102,7 @@ def pass_at_ks(records: list[dict]) -> list[tuple[int, float]]:
     for t in per_task(records):
         if re.fullmatch(r"s\d+", str(t.get("candidate", ""))) and \
                 t["verdict"] not in NOT_APPLICABLE:
-            samples.setdefault(t.get("task"), []).append(t["verdict"] == "pass")
+            samples.setdefault(t.get("task"), []).append(t["verdict"] == Verdict.PASS)
     if not samples:
         return []
     most = min(len(v) for v in samples.values())
@@ -139,7 +140,7 @@ def best_of_samples(records: list[dict]) -> list[dict]:
         groups.setdefault((t.get("model", ""), t.get("task") or t.get("nodeid")), []).append(t)
     out = []
     for runs in groups.values():
-        passing = [t for t in runs if t["verdict"] == "pass"]
+        passing = [t for t in runs if t["verdict"] == Verdict.PASS]
         best = max(passing, key=lambda t: t.get("speedup") or 0.0) if passing else \
             sorted(runs, key=lambda t: str(t.get("candidate", "")))[0]
         out.append(best)
@@ -194,9 +195,9 @@ def render(records: list[dict], write_line: WriteLine, write_sep: WriteSep,
     solutions = [r for r in records if r.get("kind", "solution") == "solution"]
     mutants = [r for r in records if r.get("kind") == "mutant"]
     write_sep("=", header)
-    skipped = [r for r in records if r["verdict"] == "skipped"]
-    solutions = [r for r in solutions if r["verdict"] != "skipped"]
-    mutants = [r for r in mutants if r["verdict"] != "skipped"]
+    skipped = [r for r in records if r["verdict"] == Verdict.SKIPPED]
+    solutions = [r for r in solutions if r["verdict"] != Verdict.SKIPPED]
+    mutants = [r for r in mutants if r["verdict"] != Verdict.SKIPPED]
     if skipped:
         reasons: dict[str, int] = {}
         for r in skipped:
@@ -253,11 +254,11 @@ def render(records: list[dict], write_line: WriteLine, write_sep: WriteSep,
         if solutions:
             write_line("")
         judged = [r for r in mutants if r["verdict"] not in MUTANT_UNJUDGED]
-        rejected = sum(1 for r in judged if r["verdict"] != "pass")
-        survived = [r for r in judged if r["verdict"] == "pass"]
+        rejected = sum(1 for r in judged if r["verdict"] != Verdict.PASS)
+        survived = [r for r in judged if r["verdict"] == Verdict.PASS]
         unjudged = len(mutants) - len(judged)
         rows = [[r["task"], r.get("world", ""), r["candidate"], r["verdict"],
-                 "SURVIVED" if r["verdict"] == "pass" else "rejected"]
+                 "SURVIVED" if r["verdict"] == Verdict.PASS else "rejected"]
                 for r in sorted(mutants, key=lambda r: r["nodeid"])]
         for line in tabulate(rows, headers=["task", "np", "mutant", "verdict", "checker"]).splitlines():
             write_line(line)

@@ -16,6 +16,8 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from .verdicts import Verdict
+
 GOOD = 0.95
 BANDS = ((1.20, "Better"), (0.95, "Comparable"), (0.60, "Degraded"), (0.0, "Severely degraded"))
 # not the model's doing: the platform cannot run the task, or the harness failed. An item that
@@ -114,7 +116,7 @@ def per_task(records: Iterable[dict]) -> list[dict]:
             continue
         applicable = [r for r in items if r["verdict"] not in NOT_APPLICABLE]
         first = (applicable or items)[0]
-        failing = [r for r in applicable if r["verdict"] != "pass"]
+        failing = [r for r in applicable if r["verdict"] != Verdict.PASS]
         task = dict(first)
         task["worlds"] = sorted(r.get("world") for r in items if r.get("world") is not None)
         task["cost"] = sum(float(r.get("cost") or 0.0) for r in items)
@@ -142,7 +144,7 @@ def score(records: Iterable[dict]) -> Scores:
     task by task as the paper scores them (`per_task`: a task's world sizes are one result)."""
     recs = per_task(r for r in records if r.get("kind", "solution") == "solution")
     applicable = [r for r in recs if r["verdict"] not in NOT_APPLICABLE]
-    passes = [r for r in applicable if r["verdict"] == "pass"]
+    passes = [r for r in applicable if r["verdict"] == Verdict.PASS]
     good = [r for r in passes if r.get("speedup") is not None and r["speedup"] >= GOOD]
     n = len(applicable)
     pass_rate = len(passes) / n if n else None
@@ -225,13 +227,13 @@ def bootstrap(records: Iterable[dict], resamples: int = RESAMPLES, seed: int = B
         return Intervals(None, None, None, None, 0, resamples, seed, level)
     groups = list(clusters.values())
     applicable = np.array([len(g) for g in groups], dtype=float)
-    passes = np.array([sum(t["verdict"] == "pass" for t in g) for g in groups], dtype=float)
-    good = np.array([sum(t["verdict"] == "pass" and t.get("speedup") is not None
+    passes = np.array([sum(t["verdict"] == Verdict.PASS for t in g) for g in groups], dtype=float)
+    good = np.array([sum(t["verdict"] == Verdict.PASS and t.get("speedup") is not None
                          and t["speedup"] >= GOOD for t in g) for g in groups], dtype=float)
-    timed = np.array([sum(t["verdict"] == "pass" and _timed(t) for t in g) for g in groups],
+    timed = np.array([sum(t["verdict"] == Verdict.PASS and _timed(t) for t in g) for g in groups],
                      dtype=float)
     logs = np.array([sum(math.log(t["speedup"]) for t in g
-                         if t["verdict"] == "pass" and _timed(t)) for g in groups])
+                         if t["verdict"] == Verdict.PASS and _timed(t)) for g in groups])
     draws = np.random.default_rng(seed).integers(0, n, size=(resamples, n))
     a, p, g_, k, lg = (x[draws].sum(axis=1) for x in (applicable, passes, good, timed, logs))
     pass_rate, pass_good = p / a, g_ / a

@@ -10,6 +10,7 @@ from typing import Any
 from ..models.base import Candidate
 from ..platforms.base import Platform
 from ..tasks import Task
+from ..verdicts import Verdict
 from .flow import evaluate
 from .job import run_job
 from .plan import JobRunner
@@ -60,7 +61,7 @@ def refine(task: Task, world: int, candidate: Candidate, platform: Platform,
                 best = result
             if result.speedup is None or result.speedup >= 1.0:
                 stop = "fast enough"
-        elif result.verdict == "infra_error":
+        elif result.verdict == Verdict.INFRA_ERROR:
             break  # an outage or a broken reference: asking again would not help
         if stop is None and settings.budget_usd is not None and spent >= settings.budget_usd:
             stop = "budget"  # the task's budget is spent (the paper's cost-matched comparison)
@@ -75,7 +76,7 @@ def refine(task: Task, world: int, candidate: Candidate, platform: Platform,
                  replayed=replayed, rounds=len(history),
                  duration_s=round(time.time() - started, 3))
     if candidate.refine is not None:
-        first = next((h["round"] for h in history if h["verdict"] == "pass"), None)
+        first = next((h["round"] for h in history if h["verdict"] == Verdict.PASS), None)
         final.update(round=first, round_history=history)
     return final
 

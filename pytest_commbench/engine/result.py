@@ -7,6 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from ..verdicts import Verdict
+
 #: optional fields: written only where they were measured or said
 OPTIONAL = ("check_only", "price_source", "speedup_se", "speedup_ci90", "timing_trust",
             "host_load", "timing_rounds", "timing_stopped", "untimed_phases_us")
@@ -45,7 +47,7 @@ class ItemResult:
 
     @property
     def passed(self) -> bool:
-        return self.verdict == "pass"
+        return self.verdict == Verdict.PASS
 
     def as_record(self) -> dict[str, Any]:
         """The result line's fields of this attempt (the run's and the item's are added by
