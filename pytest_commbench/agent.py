@@ -369,7 +369,7 @@ class GeakAgent:
                                    for s in record.get("sizes", [])]})
             if record["verdict"] == Verdict.INFRA_ERROR:
                 stop = "infra_error"  # the harness or the reference failed: asking won't help
-        if done is None and stop != Verdict.INFRA_ERROR:
+        if done is None and stop != "infra_error":  # a stop reason, not a verdict
             _write_json(done_file, {"stop": stop, "steps": number - (stop != "rounds"),
                                     "iterations": iteration})
         return self._final(run, stop, started, added)

@@ -44,8 +44,10 @@ NOT_APPLICABLE = frozenset({Verdict.INFRA_ERROR, Verdict.SKIPPED})
 class Rejected(Exception):
     """A solution was rejected before or while it ran; carries the verdict and why."""
 
-    def __init__(self, verdict: Verdict, message: str, detail: str = "") -> None:
+    def __init__(self, verdict: Verdict, message: str, detail: str = "",
+                 output: str = "") -> None:
         super().__init__(message)
         self.verdict = verdict
         self.message = message
         self.detail = detail
+        self.output = output  # the solution's output (tail), where it ran

@@ -33,7 +33,7 @@ def evaluate(task: Task, world: int, candidate: Candidate, platform: Platform,
         _run(task, world, candidate, platform, settings, result, runner)
     except Rejected as exc:
         result.verdict, result.message, result.detail = exc.verdict, exc.message, exc.detail
-        result.output = getattr(exc, "output", "") or result.output
+        result.output = exc.output or result.output
     except InfraError as exc:
         message, _, detail = str(exc).partition("\n")  # the evidence, where any, after a line
         result.verdict, result.message, result.detail = Verdict.INFRA_ERROR, message, detail

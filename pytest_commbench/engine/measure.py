@@ -54,9 +54,8 @@ class Measurement:
 
 def rejected(outcome: Outcome) -> Rejected:
     """The solution's failure, as its job showed it (its output kept for the result)."""
-    exc = Rejected(outcome.verdict, outcome.message, outcome.detail)
-    exc.output = outcome.output[-OUTPUT_IN_RECORD:]
-    return exc
+    return Rejected(outcome.verdict, outcome.message, outcome.detail,
+                    output=outcome.output[-OUTPUT_IN_RECORD:])
 
 
 def reference_failed(outcome: Outcome) -> str:

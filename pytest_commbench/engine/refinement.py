@@ -38,7 +38,7 @@ def refine(task: Task, world: int, candidate: Candidate, platform: Platform,
     replayed = False
     ended = candidate.ended(world) if candidate.ended is not None else None
     for rnd in range(1, rounds + 1):
-        if rnd == 1 or result is None:
+        if result is None:  # the first round
             attempt = candidate
         else:
             told, previous = feedback(result), result.reply_text

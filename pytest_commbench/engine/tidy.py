@@ -49,16 +49,22 @@ def tidy(work: Path, everything: bool, seconds: float = 30.0) -> None:
                 return None
         return None
 
-    def purge(dir_fd: int, name: str) -> None:
-        """Remove `name` of the folder open at `dir_fd`, with everything under it."""
+    def folder(dir_fd: int, name: str) -> bool:
+        """Whether `name` is a folder; anything else there is removed (never opened)."""
         mode = kind(dir_fd, name)
         if mode is None:
-            return
+            return False
         if not stat.S_ISDIR(mode):
             try:
                 os.unlink(name, dir_fd=dir_fd)
             except OSError:
                 pass
+            return False
+        return True
+
+    def purge(dir_fd: int, name: str) -> None:
+        """Remove `name` of the folder open at `dir_fd`, with everything under it."""
+        if not folder(dir_fd, name):
             return
         top = opened(dir_fd, name)
         if top is None:
@@ -80,14 +86,7 @@ def tidy(work: Path, everything: bool, seconds: float = 30.0) -> None:
                         pass
                     continue
                 entry = todo.pop()
-                mode = kind(fd, entry)
-                if mode is None:
-                    continue
-                if not stat.S_ISDIR(mode):
-                    try:
-                        os.unlink(entry, dir_fd=fd)
-                    except OSError:
-                        pass
+                if not folder(fd, entry):
                     continue
                 if len(stack) >= 16:  # few descriptors at once: a deep folder moves up
                     moved += 1
