@@ -231,7 +231,8 @@ def cmd_compile(args: argparse.Namespace) -> int:
     work = []
     tasks, failures = load_suite(root)
     for task in tasks:
-        if task.language != "cuda":
+        if task.language != "cuda" or (args.select and not any(
+                part in task.relpath for part in args.select)):
             continue
         ref_dir = refs / task.relpath
         sources = [("template", task.template.read_text),
@@ -396,6 +397,9 @@ def main(argv: list[str] | None = None) -> int:
                                        "--commbench-build-cache) instead of a throw-away one")
     cmp_.add_argument("-j", "--jobs", type=int, default=os.cpu_count() or 1,
                       help="builds side by side (default: the CPUs)")
+    cmp_.add_argument("-k", dest="select", action="append", default=[], metavar="PART",
+                      help="only the tasks whose path (category/name) contains PART "
+                           "(repeatable)")
     cmp_.set_defaults(func=cmd_compile)
     mdl = sub.add_parser("models", help="list the models that can be asked by name")
     mdl.add_argument("--file", help="a user registry file to overlay (as the ini key "

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import math
+import re
 import sys
 from collections.abc import Container
 from dataclasses import dataclass, field
@@ -103,6 +104,9 @@ class Task:
     metric: MetricSpec
     template: Path
     prompt: Path
+    # the CommBench paper's example this task corresponds to ("example049_..."), if any:
+    # coverage of the paper is counted from it
+    upstream: str = ""
 
     @property
     def name(self) -> str:
@@ -128,7 +132,7 @@ class Task:
 _TOP_KEYS = {
     "title", "category", "library", "difficulty", "setup", "language", "entry", "platforms",
     "vendors", "ranks", "requires", "timeout", "sizes", "forbid", "check", "metric", "template",
-    "prompt", "fixtures", "workspace",
+    "prompt", "fixtures", "workspace", "upstream",
 }
 _CHECK_KEYS = {"op", "dtypes", "rtol", "atol", "params", "trials", "late_rank"}
 _METRIC_KEYS = {"name", "unit", "better", "bytes"}
@@ -345,7 +349,19 @@ def load_task(manifest: Path, suites_root: Path, platforms: Container[str] | Non
         metric=metric,
         template=template,
         prompt=prompt,
+        upstream=_upstream(top),
     )
+
+
+UPSTREAM = re.compile(r"example\d{3}_[A-Za-z0-9_]+")
+
+
+def _upstream(top: _Reader) -> str:
+    value = top.get("upstream", str, "")
+    if value and not UPSTREAM.fullmatch(value):
+        raise top.fail("upstream", f"{value!r} is not an example name of the CommBench "
+                                   f"repository (example<NNN>_<name>, e.g. example049_...)")
+    return value
 
 
 def load_suite(root: Path) -> tuple[list[Task], list[str]]:
