@@ -126,9 +126,27 @@ def build_python(task: Task, source: str, cache_dir: Path) -> Artifact:
 
 # -- CUDA C++ -----------------------------------------------------------------------------
 
-CUDA_RECIPE_VERSION = "cu-1"
+CUDA_RECIPE_VERSION = "cu-2"
 INCLUDE_DIR = Path(__file__).parent / "include"
 COMPILE_TIMEOUT_S = 300
+# NVLink multicast instructions: never allowed on these machines (a fault in them can take a
+# shared GPU out of service); found in the device code the compiler generated, so no spelling
+# of the source (macros, string concatenation in asm, a library header's template) hides them
+DEVICE_FORBIDDEN = ("multimem.",)
+DEVICE_FINDINGS = "device-forbidden.txt"  # beside a cached build: what its device code used
+THUNDERKITTENS_ENV = "COMMBENCH_THUNDERKITTENS"
+
+
+def thunderkittens_include() -> Path | None:
+    """The ThunderKittens headers (`kittens.cuh`) named by COMMBENCH_THUNDERKITTENS (the
+    repository's root or its include/ folder; --commbench-thunderkittens sets it), or None."""
+    root = os.environ.get(THUNDERKITTENS_ENV)
+    if not root:
+        return None
+    for folder in (Path(root) / "include", Path(root)):
+        if (folder / "kittens.cuh").is_file():
+            return folder.resolve()
+    return None
 
 
 @dataclass(frozen=True)
@@ -232,9 +250,18 @@ def cuda_command(task: Task, source: Path, output: Path, arch: str) -> list[str]
     """The hidden recipe: flags, include and library paths are the harness's, never the model's."""
     libs = find_cuda_libs()
     uses = {task.library, *task.requires}
-    cmd = [os.environ.get("COMMBENCH_NVCC", "nvcc"), "-O3", "-std=c++17", f"-arch={arch}",
+    std = "-std=c++17"
+    tk = thunderkittens_include() if "thunderkittens" in uses else None
+    if tk is not None:
+        # ThunderKittens: C++20, the Hopper feature set (wgmma, TMA: sm_90a), its own macros
+        std = "-std=c++20"
+        arch = arch + "a" if arch == "sm_90" else arch
+    cmd = [os.environ.get("COMMBENCH_NVCC", "nvcc"), "-O3", std, f"-arch={arch}",
            "-Xcompiler", "-fPIC", "-shared", "-cudart", "shared", "-lineinfo",
            "-I", str(INCLUDE_DIR)]
+    if tk is not None:
+        cmd += ["-I", str(tk), "-DKITTENS_HOPPER", "--expt-relaxed-constexpr",
+                "--expt-extended-lambda", "-lcuda"]
     if libs.nccl_include:
         cmd += ["-I", str(libs.nccl_include)]
     if libs.nvshmem_include:
@@ -272,9 +299,13 @@ def linked_names(lib: Path) -> set[str]:
 
 
 def build_cuda(task: Task, source: str, cache_dir: Path, arch: str) -> Artifact:
-    header = (INCLUDE_DIR / "commbench.h").read_text()
+    header = "".join(p.read_text() for p in sorted(INCLUDE_DIR.glob("*.h")))
+    tk = thunderkittens_include() if "thunderkittens" in {task.library, *task.requires} else None
+    if "thunderkittens" in {task.library, *task.requires} and tk is None:
+        raise Rejected(Verdict.INFRA_ERROR, "the ThunderKittens headers are not here: set "
+                       f"{THUNDERKITTENS_ENV} (or --commbench-thunderkittens) to their folder")
     key = digest(CUDA_RECIPE_VERSION, arch, task.relpath, task.library, *task.requires, header,
-                 source)
+                 str(tk or ""), source)
     folder = cache_dir / key
     lib = folder / "libsolution.so"
     if not lib.exists():
@@ -285,8 +316,11 @@ def build_cuda(task: Task, source: str, cache_dir: Path, arch: str) -> Artifact:
         try:
             src, tmp = work / "solution.cu", work / "libsolution.so"
             src.write_text(source)
+            keep = work / "keep"
+            keep.mkdir()
             try:
-                done = subprocess.run(cuda_command(task, src, tmp, arch), capture_output=True,
+                done = subprocess.run([*cuda_command(task, src, tmp, arch), "--keep",
+                                       "--keep-dir", str(keep)], capture_output=True,
                                       text=True, timeout=COMPILE_TIMEOUT_S, cwd=work)
             except subprocess.TimeoutExpired:
                 raise Rejected(Verdict.COMPILE_ERROR,
@@ -298,9 +332,20 @@ def build_cuda(task: Task, source: str, cache_dir: Path, arch: str) -> Artifact:
                 first = next((x for x in message.splitlines() if "error" in x), message[:200])
                 raise Rejected(Verdict.COMPILE_ERROR, f"the solution does not compile: {first}",
                                message[-6000:])
+            (folder / DEVICE_FINDINGS).write_text("\n".join(device_forbidden(keep)))
             tmp.replace(lib)
         finally:
             shutil.rmtree(work, ignore_errors=True)
+    try:
+        found = (folder / DEVICE_FINDINGS).read_text().split()
+    except OSError:  # a build from before the device-code check: look again
+        shutil.rmtree(folder, ignore_errors=True)
+        return build_cuda(task, source, cache_dir, arch)
+    if found:
+        raise Rejected(Verdict.FORBIDDEN,
+                       f"the device code uses NVLink multicast ({', '.join(found)}), which is "
+                       f"never allowed", "PTX instructions forbidden on every task: "
+                       + ", ".join(DEVICE_FORBIDDEN))
     patterns = native_forbid(expand_forbid(task.forbid))
     bad = forbidden_uses(linked_names(lib), patterns)
     if bad:
@@ -308,6 +353,15 @@ def build_cuda(task: Task, source: str, cache_dir: Path, arch: str) -> Artifact:
                        f"the built solution links what this task forbids: {', '.join(bad)}",
                        f"forbidden patterns: {', '.join(patterns)}")
     return Artifact(lib, key)
+
+
+def device_forbidden(keep: Path) -> list[str]:
+    """The DEVICE_FORBIDDEN instructions in the PTX the compiler generated (its kept files)."""
+    found = set()
+    for ptx in keep.glob("*.ptx"):
+        text = ptx.read_text(errors="replace")
+        found.update(op for op in DEVICE_FORBIDDEN if op in text)
+    return sorted(found)
 
 
 # Ways around a symbol check that no task needs: loading a library or looking a function up

@@ -159,6 +159,9 @@ GPU_BATCH_DESC = ("GPU jobs time short calls as batches of back-to-back calls, e
                   "GPU with ranks sharing it (default off: one call per timed repetition)")
 SHARED_NODE_DESC = ("timed items lease only the GPUs they use instead of the whole node "
                     "(faster with -n, but neighbours may disturb the numbers)")
+THUNDERKITTENS_DESC = ("the ThunderKittens repository (or its include/ folder): its headers build the "
+                      "ThunderKittens tasks, which are skipped without them (default: the "
+                      "COMMBENCH_THUNDERKITTENS environment variable)")
 UNSANDBOXED_DESC = ("run jobs without their sandbox where namespaces are not available "
                     "(recorded in every result's fingerprint; a solution can then reach the "
                     "harness)")
@@ -216,6 +219,7 @@ OPTIONS: list[Option] = [
     Option("shared_node", _flag, False, SHARED_NODE_DESC, flag=True),
     Option("ranks_per_gpu", positive_count, 1, RANKS_PER_GPU_DESC),
     Option("gpu_batch", _flag, False, GPU_BATCH_DESC, flag=True),
+    Option("thunderkittens", _text, None, THUNDERKITTENS_DESC),
     Option("unsandboxed", _flag, False, UNSANDBOXED_DESC, flag=True),
     Option("base_url", _text, None, BASE_URL_DESC),
     Option("models_file", _text, None, MODELS_FILE_DESC),
@@ -248,7 +252,7 @@ GROUPS: dict[str, tuple[str, tuple[str, ...]]] = {
         "reps", "warmup",
         "timing_budget", "max_reps")),
     "placement": ("where ranks run on GPU machines", (
-        "ranks_per_gpu", "shared_node", "gpu_batch")),
+        "ranks_per_gpu", "shared_node", "gpu_batch", "thunderkittens")),
 }
 
 
@@ -550,6 +554,14 @@ def create(config: pytest.Config) -> CommbenchState:
                 f"{per_gpu_where}: ranks per GPU is a placement of GPU platforms; platform "
                 f"{platform.name} has no GPUs")
         platform.place(int(per_gpu))
+    tk, tk_where = lookup(config, "thunderkittens")
+    if tk:
+        from .build import THUNDERKITTENS_ENV, thunderkittens_include
+
+        os.environ[THUNDERKITTENS_ENV] = str(Path(tk).expanduser().resolve())
+        if thunderkittens_include() is None:
+            raise pytest.UsageError(f"{tk_where}: no ThunderKittens headers (kittens.cuh) in "
+                                    f"{tk} or its include/ folder")
     resume_upto = None
     worker = bool(workerinput and "commbench_seed" in workerinput)
     if worker:

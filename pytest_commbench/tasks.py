@@ -38,7 +38,7 @@ BYTES_RULES = ("busbw", "algbw", "none")
 # what the harness sets up for a solution before the first call (see rank/gpu.py)
 # what the rank harness sets up for a task; "host-exchange": the C ABI's host helpers
 # (ctx->allgather/broadcast/barrier) work in every call, not only in set-up calls
-FIXTURES = ("nccl", "ipc", "nvshmem", "host-exchange")
+FIXTURES = ("nccl", "ipc", "nvshmem", "host-exchange", "torch")
 # GPU vendors a manifest's `vendors` may name (with those of the platform profiles)
 VENDORS = ("amd", "intel", "nvidia")
 DTYPES = ("float64", "float32", "float16", "bfloat16", "int64", "int32", "int8", "uint8")

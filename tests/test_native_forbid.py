@@ -55,3 +55,18 @@ def test_every_gpu_cheat_builds_unless_it_is_forbidden_at_build(tmp_path, cheat)
             pytest.skip(f"the {task.library} headers are not installed (the cuda-headers extra)")
         assert exc.verdict is Verdict.FORBIDDEN and "forbidden" in spec["expect"], (
             exc.verdict, exc.message, exc.detail[-2000:])
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
+def test_multicast_in_the_generated_device_code_is_forbidden_on_every_build(tmp_path):
+    """NVLink multicast found in the PTX, however the source spells it, on a fresh build and
+    on a build taken from the cache."""
+    cheat = GPU_CHEATS / "multimem_spelled_apart" / "collective" / "oneshot_allreduce_ipc"
+    task = load_task(REPO / "suites" / "collective" / "oneshot_allreduce_ipc" / "task.toml",
+                     REPO / "suites")
+    source = (cheat / "solution.cu").read_text()
+    assert "multimem" not in source
+    for _ in range(2):
+        with pytest.raises(Rejected) as info:
+            build_cuda(task, source, tmp_path, "sm_90")
+        assert info.value.verdict is Verdict.FORBIDDEN and "multicast" in info.value.message

@@ -23,7 +23,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from ..build import build_cuda, build_python, find_cuda_libs
+from ..build import build_cuda, build_python, find_cuda_libs, thunderkittens_include
 from ..leases import lease
 from ..profiles import DISTINCT, PROFILES, GpuProfile
 from ..rank.protocol import ENV_RANK_CPUS
@@ -162,6 +162,20 @@ def mps_control() -> str | None:
     return None
 
 
+def software_features() -> frozenset[str]:
+    """Features that come from what is installed rather than from the GPU: PyTorch (the torch
+    tasks) and the ThunderKittens headers (the ThunderKittens tasks)."""
+    import importlib.util
+
+
+    found = set()
+    if importlib.util.find_spec("torch") is not None:
+        found.add("torch")
+    if thunderkittens_include() is not None:
+        found.add("thunderkittens")
+    return frozenset(found)
+
+
 class GpuPlatform(Platform):
     backend = "cuda"
     languages = ("cuda", "python")
@@ -193,8 +207,8 @@ class GpuPlatform(Platform):
                 f"shared: up to {self.ranks_per_gpu} ranks per GPU, under MPS")
 
     def features(self, world: int) -> frozenset[str]:
-        return (self.profile.features - {DISTINCT} if self.shared(world)
-                else self.profile.features)
+        have = self.profile.features | software_features()
+        return have - {DISTINCT} if self.shared(world) else have
 
     def visible_gpus(self) -> int:
         if self.profile.vendor != "nvidia":
@@ -214,6 +228,11 @@ class GpuPlatform(Platform):
         if missing == [DISTINCT]:
             return (f"needs a GPU per rank (its contract is about distinct devices); ranks "
                     f"share GPUs here (--commbench-ranks-per-gpu={self.ranks_per_gpu})")
+        if "thunderkittens" in missing:
+            return ("needs the ThunderKittens headers: --commbench-thunderkittens=PATH or "
+                    "COMMBENCH_THUNDERKITTENS names the repository (or its include/ folder)")
+        if "torch" in missing:
+            return "needs PyTorch (torch.distributed with NCCL), which is not installed here"
         if missing:
             return f"platform {self.name} lacks {', '.join(missing)}"
         gpus, need = self.visible_gpus(), self.gpus_for(world)

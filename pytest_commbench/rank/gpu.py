@@ -169,6 +169,9 @@ class GpuWorld:
                 uid = nccl.get_unique_id() if rank == 0 else None
                 uid = harness.bcast(uid, root=0)
                 self.nccl = nccl.NcclCommunicator(size, uid, rank)
+        self.torch = None
+        if "torch" in fixtures:
+            self.torch = TorchWorld(self, harness)
         self.workspace = None
         self.peer_workspace: list[int] = []
         self.opened: list[int] = []
@@ -223,6 +226,48 @@ class GpuWorld:
         for p in ptrs:
             rt.ipcCloseMemHandle(p)
             self.opened.remove(p)
+
+
+class TorchWorld:
+    """torch.distributed over NCCL for the torch tasks: the default process group of all ranks
+    (one communicator, created and connected here, before the solution is loaded), the
+    harness's stream as a torch stream, and the harness's buffers as torch tensors (the same
+    device memory, no copy)."""
+
+    def __init__(self, world: GpuWorld, harness) -> None:
+        import datetime
+
+        import torch
+        import torch.distributed as dist
+
+        self.torch = torch
+        device = torch.device("cuda", world.device)
+        torch.cuda.set_device(device)
+        # the rendezvous: rank 0's TCP store on a free port, its address sent over MPI
+        store = None
+        if world.rank == 0:
+            store = dist.TCPStore("127.0.0.1", 0, world.size, is_master=True,
+                                  timeout=datetime.timedelta(seconds=120))
+        port = harness.bcast(store.port if store is not None else None, root=0)
+        if store is None:
+            store = dist.TCPStore("127.0.0.1", port, world.size, is_master=False,
+                                  timeout=datetime.timedelta(seconds=120))
+        dist.init_process_group("nccl", store=store, rank=world.rank, world_size=world.size,
+                                device_id=device)
+        self.store = store  # rank 0 serves it for as long as the group lives
+        self.group = dist.group.WORLD
+        self.stream = torch.cuda.ExternalStream(world.stream.ptr, device=device)
+        # connect now (NCCL's communicator is made at the first collective otherwise, inside
+        # the solution's first call, where its time and any failure would be the solution's)
+        probe = torch.ones(1, device=device)
+        dist.all_reduce(probe, group=self.group)
+        torch.cuda.synchronize(device)
+        if int(probe.item()) != world.size:
+            raise RuntimeError("torch.distributed's first all-reduce gave a wrong sum")
+
+    def tensor(self, buf):
+        """A cupy buffer as a torch tensor over the same memory."""
+        return self.torch.as_tensor(buf, device=self.torch.device("cuda", buf.device.id))
 
 
 class CommbenchCtx(ctypes.Structure):

@@ -75,6 +75,10 @@ class Context(SimpleNamespace):
     hostname    the host this rank is on (the harness may present virtual hosts)
     params      the task's scalar parameters (also passed by name where the entry asks)
     scratch     a directory the solution may write to
+    GPU tasks also: device, local_rank, stream (a cupy stream), nccl (a cupy NCCL
+    communicator where the task asks for one); torch tasks: group (torch.distributed's group of
+    all ranks, NCCL) and torch_stream (the same stream as a torch stream), and their buffers
+    come as torch tensors
     """
 
 
@@ -266,6 +270,8 @@ def run(job: JobSpec, rank: int, status: Status, link: Link) -> None:
         gpu = GpuWorld(job, world, harness, rank, size)
         extra = {"device": gpu.device, "local_rank": gpu.local_rank, "stream": gpu.stream,
                  "nccl": gpu.nccl}
+        if gpu.torch is not None:  # torch tasks: the process group, the stream as torch's
+            extra.update(group=gpu.torch.group, torch_stream=gpu.torch.stream)
 
     watch = arm_cupti(job) if gpu is not None else None
 
@@ -274,6 +280,8 @@ def run(job: JobSpec, rank: int, status: Status, link: Link) -> None:
     link.say(phase="loading")
     solution = job.solution
     calls = Calls(link, backend, None)  # before the guard: it imports what it needs
+    if gpu is not None and gpu.torch is not None:
+        calls.wrap = gpu.torch.tensor  # torch tasks get their buffers as torch tensors
     if job.language == "cuda":
         from .gpu import NativeSolution
 
@@ -316,6 +324,7 @@ class Calls:
     def __init__(self, link: Link, backend, fn) -> None:
         self.link, self.ctl, self.data = link, link.ctl, link.data
         self.backend, self.fn = backend, fn
+        self.wrap = None  # how a buffer is handed to a Python solution (None: as it is)
         self.apart = lambda: None
         if backend.name == "cuda":  # imported now: the harness imports nothing once guarded
             from .gpu import keep_timing_thread_apart
@@ -477,6 +486,8 @@ class Calls:
         params = case["params"]
         self.args = [bufs[a] if a in bufs else getattr(ctx, a) if hasattr(ctx, a) else params[a]
                      for a in case["args"]]
+        if self.wrap is not None:
+            self.args = [self.wrap(a) if hasattr(a, "nbytes") else a for a in self.args]
         if hasattr(self.fn, "prepare"):
             self.fn.prepare([a for a in self.args if hasattr(a, "nbytes")],
                             [a for a in self.args if not hasattr(a, "nbytes")], fresh)
