@@ -133,8 +133,21 @@ COMPILE_TIMEOUT_S = 300
 # shared GPU out of service); found in the device code the compiler generated, so no spelling
 # of the source (macros, string concatenation in asm, a library header's template) hides them
 DEVICE_FORBIDDEN = ("multimem.",)
-DEVICE_FINDINGS = "device-forbidden.txt"  # beside a cached build: what its device code used
+DEVICE_FINDINGS = "device-forbidden.txt"
+# ... and its host side: the driver's multicast objects, forbidden in every native build
+MULTICAST = ("cuMulticast*",)  # beside a cached build: what its device code used
 THUNDERKITTENS_ENV = "COMMBENCH_THUNDERKITTENS"
+
+
+@functools.cache
+def _headers_digest(folder: str) -> str:
+    """What a folder of headers holds (names and contents), for build keys: the same headers
+    give the same key wherever they lie."""
+    parts = []
+    for path in sorted(Path(folder).rglob("*")):
+        if path.is_file():
+            parts += [path.relative_to(folder).as_posix(), path.read_bytes().hex()]
+    return digest(*parts)
 
 
 def thunderkittens_include() -> Path | None:
@@ -305,7 +318,7 @@ def build_cuda(task: Task, source: str, cache_dir: Path, arch: str) -> Artifact:
         raise Rejected(Verdict.INFRA_ERROR, "the ThunderKittens headers are not here: set "
                        f"{THUNDERKITTENS_ENV} (or --commbench-thunderkittens) to their folder")
     key = digest(CUDA_RECIPE_VERSION, arch, task.relpath, task.library, *task.requires, header,
-                 str(tk or ""), source)
+                 _headers_digest(str(tk)) if tk else "", source)
     folder = cache_dir / key
     lib = folder / "libsolution.so"
     if not lib.exists():
@@ -378,4 +391,5 @@ def native_forbid(patterns: tuple[str, ...]) -> tuple[str, ...]:
     # switch the guard off (the guard also checks, after the calls, that it is still on);
     # the Python C API would reach the harness's own Python (its mpi4py, its modules)
     return tuple(dict.fromkeys((*patterns, *extra, *(f"MPI_{p}" for p in ALWAYS_FORBIDDEN_C),
-                                "commbench_guard_*", "cupti*", "libcupti*", "Py*", "_Py*")))
+                                "commbench_guard_*", "cupti*", "libcupti*", "Py*", "_Py*",
+                                *MULTICAST)))

@@ -282,15 +282,28 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
 
 def cmd_tasks(args: argparse.Namespace) -> int:
+    from collections import Counter
+
     tasks, errors = load_suite(Path(args.suites))
     for error in errors:
         print(f"error: {error}", file=sys.stderr)
     rows = []
     for t in tasks:
         rows.append([t.relpath, t.category, t.library, t.difficulty, t.setup,
-                     ",".join(t.platforms), ",".join(map(str, t.ranks)), t.check.op])
+                     ",".join(t.platforms), ",".join(map(str, t.ranks)), t.check.op,
+                     t.upstream or "-"])
     print(tabulate(rows, headers=["task", "category", "library", "difficulty", "setup",
-                                  "platforms", "ranks", "op"]))
+                                  "platforms", "ranks", "op", "upstream"]))
+    # the suite's breadth: per platform kind, tasks by category, library and difficulty
+    for kind, chosen in (("CPU", [t for t in tasks if "cpu" in t.platforms]),
+                         ("GPU", [t for t in tasks if set(t.platforms) - {"cpu"}])):
+        if not chosen:
+            continue
+        print(f"\n{kind} tasks: {len(chosen)}; CommBench examples covered: "
+              f"{len({t.upstream for t in chosen if t.upstream})}")
+        for field in ("category", "library", "difficulty"):
+            counts = Counter(getattr(t, field) for t in chosen)
+            print(f"  by {field}: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())))
     return 1 if errors else 0
 
 

@@ -22,6 +22,7 @@ def test_run_time_lookups_join_a_non_empty_forbid_list():
     assert "cudaGetDriverEntryPoint*" in native_forbid(("nccl*",))
     assert {"commbench_guard_*", "cupti*", "libcupti*"} <= set(native_forbid(()))
     assert "MPI_Comm_spawn*" in native_forbid(())
+    assert "cuMulticast*" in native_forbid(())  # NVLink multicast: never, whatever the task
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
