@@ -353,15 +353,25 @@ def load_task(manifest: Path, suites_root: Path, platforms: Container[str] | Non
     )
 
 
-UPSTREAM = re.compile(r"example\d{3}_[A-Za-z0-9_]+")
+@functools.cache
+def commbench_examples() -> dict[int, str]:
+    """The CommBench repository's example directories by number (data/commbench_examples.txt)."""
+    text = (Path(__file__).parent / "data" / "commbench_examples.txt").read_text()
+    names = [line.strip() for line in text.splitlines() if line.strip() and line[0] != "#"]
+    return {int(name[7:10]): name for name in names}
 
 
 def _upstream(top: _Reader) -> str:
     value = top.get("upstream", str, "")
-    if value and not UPSTREAM.fullmatch(value):
-        raise top.fail("upstream", f"{value!r} is not an example name of the CommBench "
-                                   f"repository (example<NNN>_<name>, e.g. example049_...)")
-    return value
+    if not value:
+        return value
+    known = commbench_examples()
+    if value in known.values():
+        return value
+    m = re.match(r"example(\d{3})", value)
+    hint = (f" (example {m.group(1)} is {known[int(m.group(1))]!r})"
+            if m and int(m.group(1)) in known else "")
+    raise top.fail("upstream", f"{value!r} is not an example of the CommBench repository{hint}")
 
 
 def load_suite(root: Path) -> tuple[list[Task], list[str]]:

@@ -25,7 +25,7 @@ import numpy as np
 import pytest
 
 from pytest_commbench import checks
-from pytest_commbench.checks import gpu_topology
+from pytest_commbench.checks import cuda_util, gpu_topology
 from pytest_commbench.checks.base import LATE_S, held_ranks, make_late
 from pytest_commbench.observer import Observer, Settings, WrongAnswer
 from pytest_commbench.rank.backends import HostBackend
@@ -60,9 +60,12 @@ def _late(trial) -> list[int]:
 
 @pytest.fixture
 def any_gpus(monkeypatch):
-    """The NVLink-matrix oracle asks this host's GPUs for its answer: a made-up matrix."""
+    """The NVLink-matrix and device-attribute oracles ask this host's GPUs for their answers:
+    made-up ones."""
     monkeypatch.setattr(gpu_topology, "expected_matrix",
                         lambda world: np.full((world, world), 18, dtype=np.int64))
+    monkeypatch.setattr(cuda_util, "expected_attributes",
+                        lambda: np.arange(len(cuda_util.ATTRIBUTES), dtype=np.int64))
 
 
 @pytest.mark.parametrize("world", [2, 4, 8])

@@ -15,7 +15,7 @@ from pytest_commbench.checks.gpu_topology import TopologyError, job_matrix, pars
 from pytest_commbench.tasks import load_task
 
 REPO = Path(__file__).resolve().parent.parent
-HOST_DEPENDENT = {"nvlink_matrix"}  # its answer is this machine's topology (tested below)
+HOST_DEPENDENT = {"nvlink_matrix", "device_attributes"}  # their answers are this machine's GPUs
 TASKS = sorted(p.parent for p in (REPO / "suites").glob("*/*/task.toml"))
 
 
@@ -46,7 +46,9 @@ def _padded(value, shape, dtype):
 
 def _events(world: int, delays: list[float]) -> list[dict[str, float]]:
     last = max(delays) if delays else 0.0
-    return [{"t_enter": d, "t_exit": last + 1e-4} for d in (delays or [0.0] * world)]
+    # every rank leaves 10 s after the last one came: long enough for any op that checks a
+    # call's duration (a timed wait), while the barrier test below makes a rank leave early
+    return [{"t_enter": d, "t_exit": last + 10.0} for d in (delays or [0.0] * world)]
 
 
 @pytest.mark.parametrize("path", TASKS, ids=lambda p: f"{p.parent.name}/{p.name}")
