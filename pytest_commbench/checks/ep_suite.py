@@ -78,7 +78,8 @@ from __future__ import annotations
 import numpy as np
 
 from . import lowp
-from .base import Op, Trial, compare, full_random, random_data
+from .base import Trial, compare, full_random, random_data
+from .moe import Routed, routed_pairs
 from .moe import _layout as _moe_layout  # the layout of moe_dispatch, shared
 
 SKEW = 1.5  # std of the per-expert logits in skewed trials
@@ -140,28 +141,7 @@ def layout_counts(topk_idx: np.ndarray, experts: int, world: int):
 
 def ll_pairs(topks: list[np.ndarray], expert: int) -> np.ndarray:
     """(n, 2) int64 (source rank, token) pairs routed to `expert`, by source, then token."""
-    rows = []
-    for src, idx in enumerate(topks):
-        toks = np.flatnonzero((idx == expert).any(axis=1))
-        rows.append(np.stack([np.full(toks.size, src, dtype=np.int64), toks], axis=1))
-    return np.concatenate(rows).astype(np.int64).reshape(-1, 2)
-
-
-class _Routed(Op):
-    """Trials differ in routing: trial 0 is uniform, later trials are skewed."""
-
-    def make_trial(self, rng, count, dtype, world, params, skewed=False):
-        raise NotImplementedError
-
-    def make_case(self, rng, case_id, count, dtype, world, params, trials, reps):
-        made = [self.make_trial(rng, count, dtype, world, params, skewed=t > 0)
-                for t in range(trials)]
-        case = super().make_case(rng, case_id, count, dtype, world, params, 0, reps)
-        for t in made:
-            t.extra = [{} for _ in range(world)]
-            t.delays = [0.0] * world
-        case.trials = made
-        return case
+    return routed_pairs(topks, lambda idx: idx == expert)
 
 
 def _check_rows(errors: list[str], rank: int, name: str, got: np.ndarray, want: np.ndarray,
@@ -177,7 +157,7 @@ def _check_rows(errors: list[str], rank: int, name: str, got: np.ndarray, want: 
 
 
 # -- the layout --------------------------------------------------------------------------------
-class DispatchLayout(_Routed):
+class DispatchLayout(Routed):
     name = "ep_dispatch_layout"
     exact = True
 
@@ -211,7 +191,7 @@ class DispatchLayout(_Routed):
 
 
 # -- the notify step ---------------------------------------------------------------------------
-class NotifyDispatch(_Routed):
+class NotifyDispatch(Routed):
     name = "ep_notify_dispatch"
     exact = True
 
@@ -267,7 +247,7 @@ def _ll_params(params, world):
     return hidden, experts, topk
 
 
-class LowLatencyDispatch(_Routed):
+class LowLatencyDispatch(Routed):
     name = "ep_ll_dispatch"
     exact = True
 
@@ -340,7 +320,7 @@ class LowLatencyDispatch(_Routed):
         return count * topk * hidden * np.dtype(dtype).itemsize, 1.0
 
 
-class LowLatencyCombine(_Routed):
+class LowLatencyCombine(Routed):
     name = "ep_ll_combine"
 
     def args(self, params):
@@ -445,7 +425,7 @@ def fp8_tolerance(v: np.ndarray) -> np.ndarray:
     return half_ulp + mag * np.float32(QUANT_REL)
 
 
-class DispatchFp8(_Routed):
+class DispatchFp8(Routed):
     name = "ep_dispatch_fp8"
 
     def args(self, params):

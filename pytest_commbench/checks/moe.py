@@ -55,17 +55,23 @@ def _routing(rng, tokens, experts, topk, skewed):
     return np.argsort(-keys, axis=1, kind="stable")[:, :topk].astype(np.int64)
 
 
-def _layout(topks, dest_rank, per_rank):
-    """The (source rank, source token) pairs rank `dest_rank` receives, in layout order: for
-    each source in turn, its tokens with any expert on `dest_rank`, by token index."""
+def routed_pairs(topks, match) -> np.ndarray:
+    """(n, 2) int64 (source rank, source token) pairs, by source, then token, of the tokens
+    for which `match(topk_idx)` (a (T, topk) boolean array) holds in any slot."""
     rows = []
     for src, topk_idx in enumerate(topks):
-        tokens = np.flatnonzero((topk_idx // per_rank == dest_rank).any(axis=1))
+        tokens = np.flatnonzero(match(topk_idx).any(axis=1))
         rows.append(np.stack([np.full(tokens.size, src, dtype=np.int64), tokens], axis=1))
     return np.concatenate(rows).astype(np.int64).reshape(-1, 2)
 
 
-class _Routed(Op):
+def _layout(topks, dest_rank, per_rank):
+    """The (source rank, source token) pairs rank `dest_rank` receives, in layout order: for
+    each source in turn, its tokens with any expert on `dest_rank`, by token index."""
+    return routed_pairs(topks, lambda idx: idx // per_rank == dest_rank)
+
+
+class Routed(Op):
     """Trials differ in routing: trial 0 is uniform, later trials are skewed."""
 
     def make_trial(self, rng, count, dtype, world, params, skewed=False):
@@ -86,7 +92,7 @@ class _Routed(Op):
         return count * topk * hidden * np.dtype(dtype).itemsize, 1.0
 
 
-class MoEDispatch(_Routed):
+class MoEDispatch(Routed):
     name = "moe_dispatch"
     exact = True
 
@@ -146,7 +152,7 @@ class MoEDispatch(_Routed):
         return errors
 
 
-class MoECombine(_Routed):
+class MoECombine(Routed):
     name = "moe_combine"
 
     def args(self, params):
