@@ -244,19 +244,26 @@ def cuda_runtime_dir() -> Path | None:
 
 
 @functools.lru_cache(maxsize=1)
-def nvml_library() -> Path | None:
-    """The driver's libnvidia-ml.so.1, from the loader cache or the usual driver folders."""
+@functools.cache
+def driver_library(soname: str) -> Path | None:
+    """A library of the NVIDIA driver (libnvidia-ml.so.1, libcuda.so.1), from the loader cache
+    or the usual driver folders; None where no driver is installed (CI)."""
     try:
         out = subprocess.run(["ldconfig", "-p"], capture_output=True, text=True, timeout=30).stdout
     except (OSError, subprocess.TimeoutExpired):
         out = ""
-    m = re.search(r"libnvidia-ml\.so\.1 \(libc6,x86-64\) => (\S+)", out)
+    m = re.search(re.escape(soname) + r" \(libc6,x86-64\) => (\S+)", out)
     if m:
         return Path(m.group(1))
     for folder in ("/usr/local/nvidia/lib64", "/usr/lib/x86_64-linux-gnu", "/usr/lib64"):
-        if (Path(folder) / "libnvidia-ml.so.1").exists():
-            return Path(folder) / "libnvidia-ml.so.1"
+        if (Path(folder) / soname).exists():
+            return Path(folder) / soname
     return None
+
+
+def nvml_library() -> Path | None:
+    """The driver's libnvidia-ml.so.1."""
+    return driver_library("libnvidia-ml.so.1")
 
 
 def cuda_command(task: Task, source: Path, output: Path, arch: str) -> list[str]:
@@ -274,7 +281,12 @@ def cuda_command(task: Task, source: Path, output: Path, arch: str) -> list[str]
            "-I", str(INCLUDE_DIR)]
     if tk is not None:
         cmd += ["-I", str(tk), "-DKITTENS_HOPPER", "--expt-relaxed-constexpr",
-                "--expt-extended-lambda", "-lcuda"]
+                "--expt-extended-lambda"]
+        # TMA descriptors are made with the driver API: the driver's own library where there
+        # is one; without a driver (CI) its symbols stay unresolved in the shared object
+        cuda = driver_library("libcuda.so.1")
+        if cuda:
+            cmd += [f"-L{cuda.parent}", f"-l:{cuda.name}"]
     if libs.nccl_include:
         cmd += ["-I", str(libs.nccl_include)]
     if libs.nvshmem_include:
