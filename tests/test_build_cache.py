@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_commbench.build import build_cuda
+from pytest_commbench.build import DEVICE_FINDINGS, build_cuda
 from pytest_commbench.tasks import load_task
 
 REPO = Path(__file__).parent.parent
@@ -50,7 +50,8 @@ def test_threads_building_one_source_share_one_library(tmp_path, compiler):
         artifacts = list(pool.map(lambda _: build_cuda(task, source, cache, "sm_90"), range(4)))
     assert len({a.path for a in artifacts}) == 1
     (folder,) = cache.iterdir()
-    assert sorted(p.name for p in folder.iterdir()) == ["libsolution.so"]  # no .build-* left
+    # the library and what its device code was found to use; no .build-* folder left
+    assert sorted(p.name for p in folder.iterdir()) == [DEVICE_FINDINGS, "libsolution.so"]
     built = len(compiler.read_text().splitlines())
     assert 1 <= built <= 4
     # found again: no further compiler call
