@@ -133,9 +133,9 @@ COMPILE_TIMEOUT_S = 300
 # shared GPU out of service); found in the device code the compiler generated, so no spelling
 # of the source (macros, string concatenation in asm, a library header's template) hides them
 DEVICE_FORBIDDEN = ("multimem.",)
-DEVICE_FINDINGS = "device-forbidden.txt"
+DEVICE_FINDINGS = "device-forbidden.txt"  # beside a cached build: what its device code used
 # ... and its host side: the driver's multicast objects, forbidden in every native build
-MULTICAST = ("cuMulticast*",)  # beside a cached build: what its device code used
+MULTICAST = ("cuMulticast*",)
 THUNDERKITTENS_ENV = "COMMBENCH_THUNDERKITTENS"
 
 
@@ -148,6 +148,10 @@ def _headers_digest(folder: str) -> str:
         if path.is_file():
             parts += [path.relative_to(folder).as_posix(), path.read_bytes().hex()]
     return digest(*parts)
+
+
+def uses_thunderkittens(task: Task) -> bool:
+    return "thunderkittens" in {task.library, *task.requires}
 
 
 def thunderkittens_include() -> Path | None:
@@ -243,7 +247,6 @@ def cuda_runtime_dir() -> Path | None:
     return None
 
 
-@functools.lru_cache(maxsize=1)
 @functools.cache
 def driver_library(soname: str) -> Path | None:
     """A library of the NVIDIA driver (libnvidia-ml.so.1, libcuda.so.1), from the loader cache
@@ -325,8 +328,8 @@ def linked_names(lib: Path) -> set[str]:
 
 def build_cuda(task: Task, source: str, cache_dir: Path, arch: str) -> Artifact:
     header = "".join(p.read_text() for p in sorted(INCLUDE_DIR.glob("*.h")))
-    tk = thunderkittens_include() if "thunderkittens" in {task.library, *task.requires} else None
-    if "thunderkittens" in {task.library, *task.requires} and tk is None:
+    tk = thunderkittens_include() if uses_thunderkittens(task) else None
+    if uses_thunderkittens(task) and tk is None:
         raise Rejected(Verdict.INFRA_ERROR, "the ThunderKittens headers are not here: set "
                        f"{THUNDERKITTENS_ENV} (or --commbench-thunderkittens) to their folder")
     key = digest(CUDA_RECIPE_VERSION, arch, task.relpath, task.library, *task.requires, header,

@@ -230,13 +230,13 @@ def cmd_compile(args: argparse.Namespace) -> int:
     cache = Path(args.cache) if args.cache else Path(tempfile.mkdtemp(prefix="commbench-compile-"))
     work = []
     tasks, failures = load_suite(root)
-    from .build import THUNDERKITTENS_ENV, thunderkittens_include
+    from .build import THUNDERKITTENS_ENV, thunderkittens_include, uses_thunderkittens
 
     for task in tasks:
         if task.language != "cuda" or (args.select and not any(
                 part in task.relpath for part in args.select)):
             continue
-        if "thunderkittens" in {task.library, *task.requires} and thunderkittens_include() is None:
+        if uses_thunderkittens(task) and thunderkittens_include() is None:
             print(f"{task.relpath:45s} skipped: no ThunderKittens headers ({THUNDERKITTENS_ENV})")
             continue
         ref_dir = refs / task.relpath

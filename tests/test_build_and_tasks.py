@@ -66,6 +66,8 @@ def test_the_entry_function_name_itself_is_not_a_forbidden_use(task, tmp_path):
         (lambda s: s.replace("timeout = 60", "timeout = -1"), "timeout"),
         (lambda s: s.replace('title = "', 'title = '), "<toml>"),
         (lambda s: s.replace('entry = "allreduce"\n', ""), "entry"),
+        # an example name the paper's repository does not have (the message says which it has)
+        (lambda s: 'upstream = "example022_allreduce"\n' + s, "upstream"),
     ],
 )
 def test_bad_manifest_names_file_and_key(tmp_path, change, key):

@@ -71,3 +71,17 @@ def test_multicast_in_the_generated_device_code_is_forbidden_on_every_build(tmp_
         with pytest.raises(Rejected) as info:
             build_cuda(task, source, tmp_path, "sm_90")
         assert info.value.verdict is Verdict.FORBIDDEN and "multicast" in info.value.message
+
+
+@pytest.mark.parametrize("cheat", sorted(p.name for p in GPU_CHEATS.iterdir() if p.is_dir()))
+def test_every_gpu_cheat_keeps_to_its_tasks_template(cheat):
+    """A cheat is judged for its trick, not for text outside the editable regions: when a
+    template changes, its cheats must follow (else they would only ever be 'tampered')."""
+    import tomllib
+
+    from pytest_commbench import regions
+
+    spec = tomllib.loads((GPU_CHEATS / cheat / "cheat.toml").read_text())
+    (source,) = (GPU_CHEATS / cheat / spec["task"]).glob("solution.*")
+    template = next((REPO / "suites" / spec["task"]).glob("template.*"))
+    regions.verify(template.read_text(), source.read_text())

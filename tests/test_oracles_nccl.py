@@ -9,11 +9,15 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from oracle_kit import as_got as _as_got
+from oracle_kit import case_of as _case
+from oracle_kit import task_of as _task
+from oracle_kit import verify as _verify
+from oracle_kit import want as _want
 
 from pytest_commbench import checks
 from pytest_commbench.checks.base import Trial
 from pytest_commbench.checks.nccl_suite import split_groups
-from pytest_commbench.tasks import load_task
 
 REPO = Path(__file__).resolve().parent.parent
 TASKS = {
@@ -24,33 +28,6 @@ TASKS = {
     "utility/ipc_event_sync": "ring_produce_consume",
     "utility/ipc_handle_exchange": "ring_exchange",
 }
-
-
-def _task(rel: str):
-    return load_task(REPO / "suites" / rel / "task.toml", REPO / "suites")
-
-
-def _case(rel: str, count: int, world: int, seed: int = 1):
-    task = _task(rel)
-    op = checks.get(task.check.op)
-    rng = np.random.default_rng(seed)
-    case = op.make_case(rng, "c0", count, task.check.dtypes[0], world, task.check.params, 2, 0)
-    return task, op, case
-
-
-def _want(op, trial, case):
-    return op.expected(trial, case.count, case.dtype, case.world, case.params)
-
-
-def _as_got(want, trial):
-    """The expected outputs in the outputs' own dtypes (what a right solution writes)."""
-    return [{name: np.asarray(want[r][name]).astype(dtype).reshape(shape)
-             for name, (shape, dtype) in trial.outputs[r].items()}
-            for r in range(len(trial.outputs))]
-
-
-def _verify(task, op, trial, got, case):
-    return op.verify(trial, got, [], case, task.check.rtol, task.check.atol)
 
 
 @pytest.mark.parametrize("rel", sorted(TASKS))

@@ -11,13 +11,17 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from oracle_kit import as_got as _as_got
+from oracle_kit import case_of as _case
+from oracle_kit import task_of as _task
+from oracle_kit import verify as _verify
+from oracle_kit import want as _want
 
 from pytest_commbench import checks
 from pytest_commbench.build import build_python
 from pytest_commbench.checks import lowp
 from pytest_commbench.checks.base import Trial
 from pytest_commbench.mutants import mutants
-from pytest_commbench.tasks import load_task
 from pytest_commbench.verdicts import Rejected, Verdict
 
 REPO = Path(__file__).resolve().parent.parent
@@ -29,34 +33,6 @@ TASKS = {
     "p2p/torch_batched_p2p": "neighbor_exchange",
     "ep/torch_moe_alltoallv": "moe_dispatch",
 }
-
-
-def _task(rel: str):
-    return load_task(REPO / "suites" / rel / "task.toml", REPO / "suites")
-
-
-def _case(rel: str, count: int, world: int, seed: int = 1, trials: int = 2):
-    task = _task(rel)
-    op = checks.get(task.check.op)
-    rng = np.random.default_rng(seed)
-    case = op.make_case(rng, "c0", count, task.check.dtypes[0], world, task.check.params,
-                        trials, 0)
-    return task, op, case
-
-
-def _want(op, trial, case):
-    return op.expected(trial, case.count, case.dtype, case.world, case.params)
-
-
-def _as_got(want, trial):
-    """The expected outputs in the outputs' own dtypes (what a right solution writes)."""
-    return [{name: np.asarray(want[r][name]).astype(dtype).reshape(shape)
-             for name, (shape, dtype) in trial.outputs[r].items()}
-            for r in range(len(trial.outputs))]
-
-
-def _verify(task, op, trial, got, case):
-    return op.verify(trial, got, [], case, task.check.rtol, task.check.atol)
 
 
 @pytest.mark.parametrize("rel", sorted(TASKS))

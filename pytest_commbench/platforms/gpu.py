@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import importlib.util
 import json
 import math
 import os
@@ -165,9 +166,6 @@ def mps_control() -> str | None:
 def software_features() -> frozenset[str]:
     """Features that come from what is installed rather than from the GPU: PyTorch (the torch
     tasks) and the ThunderKittens headers (the ThunderKittens tasks)."""
-    import importlib.util
-
-
     found = set()
     if importlib.util.find_spec("torch") is not None:
         found.add("torch")
