@@ -4,6 +4,11 @@ A lease is an exclusive `flock` on one lock file per device; the kernel drops it
 holder exits, however it exits, so a crashed worker never leaves a device locked. A timed item
 takes every device of the node (its numbers must not be disturbed by a neighbour) unless the
 user opts out; an untimed one (a mutant) takes only the devices it needs.
+
+A device may have several slots (`--commbench-jobs-per-gpu`, shared placement only): then up
+to that many untimed jobs, each with its own MPS daemon, run on it side by side, one slot
+each; a timed job takes every slot of its devices. Slot 0 is `device{i}.lock`, slot j
+`device{i}.{j}.lock`.
 """
 
 from __future__ import annotations
@@ -35,40 +40,66 @@ def _try(path: Path) -> int | None:
     return fd
 
 
+def _slot_path(folder: Path, device: int, slot: int) -> Path:
+    return folder / (f"device{device}.lock" if slot == 0 else f"device{device}.{slot}.lock")
+
+
 @contextlib.contextmanager
-def lease(count: int, total: int, exclusive: bool, folder: Path | None = None) -> Iterator[list[int]]:
+def lease(count: int, total: int, exclusive: bool, folder: Path | None = None, *,
+          slots: int = 1, whole: bool = False) -> Iterator[list[int]]:
     """Hold `count` of the node's `total` devices (all of them when exclusive); yields their
-    indices. Blocks until they are free."""
+    indices. Each device has `slots` slots: a lease takes one slot of each device it holds,
+    or all of them when `whole` or exclusive. Blocks until they are free."""
     folder = folder or lock_dir()
-    paths = [folder / f"device{i}.lock" for i in range(total)]
+    slots = max(1, int(slots))
     want = total if exclusive else count
     if want > total:
         raise ValueError(f"needs {want} devices, the node has {total}")
-    held: dict[int, int] = {}
+    held: dict[tuple[int, int], int] = {}
+
+    def devices() -> list[int]:
+        return sorted({d for d, _ in held})
+
     try:
-        while True:
-            if exclusive:  # in index order: two exclusive leases cannot deadlock
-                for i, p in enumerate(paths):
-                    while i not in held:
-                        fd = _try(p)
+        if exclusive:  # every slot in index order: two exclusive leases cannot deadlock
+            for i in range(total):
+                for j in range(slots):
+                    while (i, j) not in held:
+                        fd = _try(_slot_path(folder, i, j))
                         if fd is None:
                             time.sleep(POLL_S)
                         else:
-                            held[i] = fd
-                break
-            for i, p in enumerate(paths):
-                if len(held) == want:
+                            held[(i, j)] = fd
+        else:
+            while True:
+                for i in range(total):
+                    if len(devices()) == want:
+                        break
+                    if whole:  # every slot of the device, or none of them
+                        got = {}
+                        for j in range(slots):
+                            fd = _try(_slot_path(folder, i, j))
+                            if fd is None:
+                                break
+                            got[(i, j)] = fd
+                        if len(got) == slots:
+                            held.update(got)
+                        else:
+                            for fd in got.values():
+                                os.close(fd)
+                        continue
+                    for j in range(slots):  # the first free slot of the device
+                        fd = _try(_slot_path(folder, i, j))
+                        if fd is not None:
+                            held[(i, j)] = fd
+                            break
+                if len(devices()) == want:
                     break
-                fd = _try(p)
-                if fd is not None:
-                    held[i] = fd
-            if len(held) == want:
-                break
-            for fd in held.values():  # not enough free: give back and wait
-                os.close(fd)
-            held.clear()
-            time.sleep(POLL_S)
-        yield sorted(held)[:count]
+                for fd in held.values():  # not enough free: give back and wait
+                    os.close(fd)
+                held.clear()
+                time.sleep(POLL_S)
+        yield devices()[:count]
     finally:
         for fd in held.values():
             os.close(fd)

@@ -80,6 +80,9 @@ def warnings(config: pytest.Config, state: Any) -> list[str]:
     if state.platform.backend == "cpu" and given(config, "gpu_batch"):
         lines.append(f"{flag_name('gpu_batch')} does nothing on platform {state.platform.name} "
                      "(CPU jobs batch short calls anyway)")
+    if given(config, "jobs_per_gpu") and int(setting(config, "ranks_per_gpu")) == 1:
+        lines.append(f"{flag_name('jobs_per_gpu')} does nothing without "
+                     f"{flag_name('ranks_per_gpu')} above 1 (jobs share a GPU only under MPS)")
     if state.platform.backend == "cpu" and given(config, "shared_node"):
         lines.append(f"{flag_name('shared_node')} does nothing on platform "
                      f"{state.platform.name} (it leases GPUs)")

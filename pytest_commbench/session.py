@@ -153,6 +153,10 @@ RANKS_PER_GPU_DESC = ("shared placement: put up to N ranks on one GPU, so an ite
                       "where ceil(W/N) GPUs are visible (each job gets an MPS daemon of its "
                       "own); checks correctness on fewer GPUs, its timings are not NVLink "
                       "figures (default {default}: one GPU per rank)")
+JOBS_PER_GPU_DESC = ("with --commbench-ranks-per-gpu above 1: up to N untimed jobs (check-only "
+                     "items, mutants, templates) run on one GPU side by side, each under its "
+                     "own MPS daemon, so that -n N checks a suite N times faster on one GPU; "
+                     "a timed job still has its GPUs to itself (default {default})")
 GPU_BATCH_DESC = ("GPU jobs time short calls as batches of back-to-back calls, each on a buffer "
                   "set of its own with its inputs uploaded just before it (as CPU jobs do); "
                   "checked on the CPU through the staged protocol and, for correctness, on one "
@@ -218,6 +222,7 @@ OPTIONS: list[Option] = [
     Option("keep", _flag, False, KEEP_DESC, flag=True),
     Option("shared_node", _flag, False, SHARED_NODE_DESC, flag=True),
     Option("ranks_per_gpu", positive_count, 1, RANKS_PER_GPU_DESC),
+    Option("jobs_per_gpu", positive_count, 1, JOBS_PER_GPU_DESC),
     Option("gpu_batch", _flag, False, GPU_BATCH_DESC, flag=True),
     Option("thunderkittens", _text, None, THUNDERKITTENS_DESC),
     Option("unsandboxed", _flag, False, UNSANDBOXED_DESC, flag=True),
@@ -252,7 +257,7 @@ GROUPS: dict[str, tuple[str, tuple[str, ...]]] = {
         "reps", "warmup",
         "timing_budget", "max_reps")),
     "placement": ("where ranks run on GPU machines", (
-        "ranks_per_gpu", "shared_node", "gpu_batch", "thunderkittens")),
+        "ranks_per_gpu", "jobs_per_gpu", "shared_node", "gpu_batch", "thunderkittens")),
 }
 
 
@@ -553,7 +558,7 @@ def create(config: pytest.Config) -> CommbenchState:
             raise pytest.UsageError(
                 f"{per_gpu_where}: ranks per GPU is a placement of GPU platforms; platform "
                 f"{platform.name} has no GPUs")
-        platform.place(int(per_gpu))
+        platform.place(int(per_gpu), int(lookup(config, "jobs_per_gpu")[0]))
     tk, tk_where = lookup(config, "thunderkittens")
     if tk:
         from .build import THUNDERKITTENS_ENV, thunderkittens_include

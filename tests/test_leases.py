@@ -60,6 +60,54 @@ def test_a_killed_holder_releases_its_devices(tmp_path, ctx):
         assert devices == [0, 1]
 
 
+def _hold_slots(folder, slots, whole, started, release):
+    with lease(1, 1, False, folder, slots=slots, whole=whole) as devices:
+        started.put(devices)
+        release.wait(30)
+
+
+def test_untimed_jobs_share_a_device_up_to_its_slots_and_a_whole_lease_waits_for_all(tmp_path,
+                                                                                     ctx):
+    """--commbench-jobs-per-gpu: two untimed jobs hold the one device's two slots side by
+    side; a third waits, and so does a timed (whole) lease until both are given back."""
+    started, release = ctx.Queue(), ctx.Event()
+    holders = [ctx.Process(target=_hold_slots, args=(tmp_path, 2, False, started, release))
+               for _ in range(2)]
+    for p in holders:
+        p.start()
+    assert [started.get(timeout=10), started.get(timeout=10)] == [[0], [0]]
+    third, third_go = ctx.Queue(), ctx.Event()
+    waiters = [ctx.Process(target=_hold_slots, args=(tmp_path, 2, whole, third, third_go))
+               for whole in (False, True)]
+    for p in waiters:
+        p.start()
+    time.sleep(0.6)
+    assert third.empty()  # no slot free: both wait
+    release.set()
+    for p in holders:
+        p.join(10)
+    got = [third.get(timeout=10)]
+    third_go.set()  # the first of them gives back, then the other gets in
+    got.append(third.get(timeout=10))
+    assert got == [[0], [0]]
+    for p in waiters:
+        p.join(10)
+    # a whole lease holds every slot: an untimed one cannot get in beside it
+    whole, whole_go = ctx.Queue(), ctx.Event()
+    holder = ctx.Process(target=_hold_slots, args=(tmp_path, 3, True, whole, whole_go))
+    holder.start()
+    assert whole.get(timeout=10) == [0]
+    p = ctx.Process(target=_hold_slots, args=(tmp_path, 3, False, started, ctx.Event()))
+    p.start()
+    time.sleep(0.6)
+    assert started.empty()
+    whole_go.set()
+    holder.join(10)
+    assert started.get(timeout=10) == [0]
+    p.kill()
+    p.join(10)
+
+
 def test_ranks_are_pinned_to_distinct_cpus_near_their_gpu():
     from pytest_commbench.platforms.gpu import parse_cpulist, rank_cpus
 

@@ -106,7 +106,8 @@ def _run(task: Task, world: int, candidate: Candidate, platform: Platform, setti
         raise InfraError(f"no job sandbox on this machine ({sandbox.probe()}); "
                          "--commbench-unsandboxed runs without one")
     artifacts = {"ref": ref_artifact.path, "sol": artifact.path} if timed else {"sol": artifact.path}
-    with platform.lease(world, exclusive=timed and not settings.shared_node) as lease_env:
+    with platform.lease(world, exclusive=timed and not settings.shared_node,
+                        whole=timed) as lease_env:
         plan = Plan(task, world, platform, settings, op, cases, settings.timeout or task.timeout,
                     lease_env=lease_env)
         measured = measure(plan, artifacts, runner)

@@ -46,8 +46,9 @@ class Platform:
         return {}
 
     @contextlib.contextmanager
-    def lease(self, world: int, exclusive: bool) -> Iterator[dict[str, str]]:
-        """Hold what a job of `world` ranks needs; yields environment for the job."""
+    def lease(self, world: int, exclusive: bool, whole: bool = False) -> Iterator[dict[str, str]]:
+        """Hold what a job of `world` ranks needs (the whole node when exclusive; its devices
+        to itself when whole, as a timed job); yields environment for the job."""
         yield {}
 
     def launch_argv(self, world: int, job: Path) -> list[str]:

@@ -186,12 +186,16 @@ class GpuPlatform(Platform):
         self.interconnect = profile.interconnect
         self.max_ranks = profile.gpus_per_node
         self.ranks_per_gpu = 1
+        self.jobs_per_gpu = 1
 
     # -- placement --------------------------------------------------------------------------
 
-    def place(self, ranks_per_gpu: int) -> None:
-        """Shared placement: up to `ranks_per_gpu` ranks on one GPU (1: a GPU per rank)."""
+    def place(self, ranks_per_gpu: int, jobs_per_gpu: int = 1) -> None:
+        """Shared placement: up to `ranks_per_gpu` ranks on one GPU (1: a GPU per rank), and
+        up to `jobs_per_gpu` untimed jobs on one GPU side by side, each under its own MPS
+        daemon (a timed job always has its GPUs to itself)."""
         self.ranks_per_gpu = max(1, int(ranks_per_gpu))
+        self.jobs_per_gpu = max(1, int(jobs_per_gpu)) if self.ranks_per_gpu > 1 else 1
 
     def gpus_for(self, world: int) -> int:
         return math.ceil(world / self.ranks_per_gpu)
@@ -201,8 +205,11 @@ class GpuPlatform(Platform):
         return world > self.gpus_for(world)
 
     def placement(self) -> str:
-        return ("one GPU per rank" if self.ranks_per_gpu == 1 else
-                f"shared: up to {self.ranks_per_gpu} ranks per GPU, under MPS")
+        if self.ranks_per_gpu == 1:
+            return "one GPU per rank"
+        jobs = (f", up to {self.jobs_per_gpu} untimed jobs per GPU" if self.jobs_per_gpu > 1
+                else "")
+        return f"shared: up to {self.ranks_per_gpu} ranks per GPU, under MPS{jobs}"
 
     def features(self, world: int) -> frozenset[str]:
         have = self.profile.features | software_features()
@@ -252,13 +259,15 @@ class GpuPlatform(Platform):
         return build_python(task, source, cache_dir)
 
     @contextlib.contextmanager
-    def lease(self, world: int, exclusive: bool) -> Iterator[dict[str, str]]:
+    def lease(self, world: int, exclusive: bool, whole: bool = False) -> Iterator[dict[str, str]]:
         """Lock the GPUs the job uses (all of the node's when timing exclusively) and show the
         job only its own (CUDA_VISIBLE_DEVICES). Under shared placement a job of W ranks uses
-        ceil(W / ranks per GPU) GPUs, local rank r the (r // ranks per GPU)-th."""
+        ceil(W / ranks per GPU) GPUs, local rank r the (r // ranks per GPU)-th; with jobs per
+        GPU above 1, an untimed job takes one of its GPUs' slots and a whole job all of them."""
         need = self.gpus_for(world)
         total = max(self.visible_gpus(), need)
-        with lease(need, total, exclusive) as devices:
+        slots = self.jobs_per_gpu
+        with lease(need, total, exclusive, slots=slots, whole=whole) as devices:
             visible = os.environ.get("CUDA_VISIBLE_DEVICES")
             ids = [x.strip() for x in visible.split(",")] if visible else [str(i) for i in range(total)]
             mine = [ids[d] for d in devices]
@@ -268,7 +277,8 @@ class GpuPlatform(Platform):
             per_rank = [mine[min(r // self.ranks_per_gpu, len(mine) - 1)] for r in range(world)]
             # each rank runs on CPUs of its GPU's NUMA node (the rank harness pins itself)
             # (COMMBENCH_PIN=0 leaves the placement to the launcher and the kernel)
-            pin = os.environ.get("COMMBENCH_PIN", "1") != "0"
+            # (jobs side by side on a GPU are not pinned: they would all get its same CPUs)
+            pin = os.environ.get("COMMBENCH_PIN", "1") != "0" and (slots == 1 or whole or exclusive)
             cpus = rank_cpus(per_rank, gpu_local_cpus(), os.sched_getaffinity(0)) if pin else []
             if any(cpus):
                 env[ENV_RANK_CPUS] = ";".join(",".join(map(str, c)) for c in cpus)
