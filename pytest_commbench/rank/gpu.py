@@ -243,11 +243,13 @@ class TorchWorld:
         self.torch = torch
         device = torch.device("cuda", world.device)
         torch.cuda.set_device(device)
-        # the rendezvous: rank 0's TCP store on a free port, its address sent over MPI
+        # the rendezvous: rank 0's TCP store on a free port, its address sent over MPI (the
+        # store must not wait for its clients here: they learn the port only from the bcast)
         store = None
         if world.rank == 0:
             store = dist.TCPStore("127.0.0.1", 0, world.size, is_master=True,
-                                  timeout=datetime.timedelta(seconds=120))
+                                  timeout=datetime.timedelta(seconds=120),
+                                  wait_for_workers=False)
         port = harness.bcast(store.port if store is not None else None, root=0)
         if store is None:
             store = dist.TCPStore("127.0.0.1", port, world.size, is_master=False,
