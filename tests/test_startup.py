@@ -69,12 +69,14 @@ def test_kept_replies_are_judged_without_a_key(bench, monkeypatch):
 def test_options_that_do_nothing_and_former_names_are_warned_about(bench):
     bench.add_task()
     result = bench.run("--commbench-rounds=3", "--commbench-budget=0",
-                       "--commbench-samples=2")
+                       "--commbench-samples=2", "--commbench-jobs-per-gpu=3")
     out = result.stdout.str()
     assert result.ret == pytest.ExitCode.OK
     assert "--commbench-rounds does nothing for model reference" in out
     assert "--commbench-samples does nothing for model reference" in out
     assert "--commbench-budget is now --commbench-timing-budget" in out
+    assert ("--commbench-jobs-per-gpu does nothing without --commbench-ranks-per-gpu above 1"
+            in out)
     # check-only (the bench's default) makes the timing options idle too
     assert "--commbench-timing-budget does nothing with --commbench-check-only" in out
 
