@@ -95,6 +95,24 @@ def mpi_abi() -> str | None:
     return found or None
 
 
+#: a batch system's allocation, where a launcher may place ranks on other nodes
+ALLOCATION_ENV = ("SLURM_JOB_ID", "PBS_JOBID", "LSB_JOBID", "FLUX_JOB_ID", "COBALT_JOBID")
+#: Open MPI's transports between ranks of one node: itself and shared memory ("vader" is
+#: Open MPI 4's name of its shared-memory BTL and Open MPI 5's alias of "sm")
+SINGLE_NODE_BTL = "self,vader"
+
+
+def single_node_transports(environ: dict[str, str]) -> dict[str, str]:
+    """Open MPI's shared-memory transport alone for a job on this node: without it every
+    job's start probes the network transports (TCP, OFI, UCT), about 1 s of each job's start
+    on a machine with no fabric, and a job of ranks on one node uses shared memory anyway.
+    Nothing is set where the user chose the transports or a batch system's allocation may
+    put ranks on other nodes."""
+    if "OMPI_MCA_btl" in environ or any(k in environ for k in ALLOCATION_ENV):
+        return {}
+    return {"OMPI_MCA_btl": SINGLE_NODE_BTL}
+
+
 SECRET = re.compile(r"(^COMMBENCH_)|(_API_KEY$)|(_KEY$)|(TOKEN)|(SECRET)|(PASSWORD)|(PASSWD)|"
                     r"(CREDENTIAL)|(^AWS_)|(^AZURE_)|(^GOOGLE_APPLICATION)", re.I)
 
@@ -111,6 +129,7 @@ def mpi_env() -> dict[str, str]:
     abi = mpi_abi()
     if abi:
         env.setdefault("MPI4PY_MPIABI", abi)
+    env.update(single_node_transports(env))
     env.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
     env.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
     env.setdefault("PYTHONUNBUFFERED", "1")

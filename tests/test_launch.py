@@ -86,3 +86,11 @@ def _cmdline(pid: int) -> bytes:
             return f.read()
     except OSError:
         return b""
+
+
+def test_jobs_get_the_shared_memory_transport_unless_the_user_or_a_batch_system_chose():
+    from pytest_commbench.launch import SINGLE_NODE_BTL, single_node_transports
+
+    assert single_node_transports({}) == {"OMPI_MCA_btl": SINGLE_NODE_BTL}
+    assert single_node_transports({"OMPI_MCA_btl": "tcp,self"}) == {}
+    assert single_node_transports({"SLURM_JOB_ID": "7"}) == {}

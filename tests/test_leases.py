@@ -144,3 +144,4 @@ stop.set()
     out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
                          text=True, check=True).stdout.strip()
     assert out == f"{[cpus[0]]} {cpus[1:]} {cpus[1:]}"
+
