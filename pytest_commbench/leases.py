@@ -7,7 +7,9 @@ user opts out; an untimed one (a mutant) takes only the devices it needs.
 
 A device may have several slots (`--commbench-jobs-per-gpu`, shared placement only): then up
 to that many untimed jobs, each with its own MPS daemon, run on it side by side, one slot
-each; a timed job takes every slot of its devices. Slot 0 is `device{i}.lock`, slot j
+each, idle devices first; a timed job takes every slot of its devices, once they are all free
+at the same moment (untimed jobs that keep coming can make it wait: a run's items are timed
+or untimed alike, so they seldom meet). Slot 0 is `device{i}.lock`, slot j
 `device{i}.{j}.lock`.
 """
 
@@ -72,10 +74,10 @@ def lease(count: int, total: int, exclusive: bool, folder: Path | None = None, *
                             held[(i, j)] = fd
         else:
             while True:
-                for i in range(total):
-                    if len(devices()) == want:
-                        break
-                    if whole:  # every slot of the device, or none of them
+                if whole:  # devices with every slot free, all their slots
+                    for i in range(total):
+                        if len(devices()) == want:
+                            break
                         got = {}
                         for j in range(slots):
                             fd = _try(_slot_path(folder, i, j))
@@ -87,12 +89,14 @@ def lease(count: int, total: int, exclusive: bool, folder: Path | None = None, *
                         else:
                             for fd in got.values():
                                 os.close(fd)
-                        continue
-                    for j in range(slots):  # the first free slot of the device
-                        fd = _try(_slot_path(folder, i, j))
-                        if fd is not None:
-                            held[(i, j)] = fd
-                            break
+                else:  # one slot per device, idle devices first (slot 0 of each, then 1, ...)
+                    for j in range(slots):
+                        for i in range(total):
+                            if len(devices()) == want or i in devices():
+                                continue
+                            fd = _try(_slot_path(folder, i, j))
+                            if fd is not None:
+                                held[(i, j)] = fd
                 if len(devices()) == want:
                     break
                 for fd in held.values():  # not enough free: give back and wait

@@ -145,3 +145,10 @@ stop.set()
                          text=True, check=True).stdout.strip()
     assert out == f"{[cpus[0]]} {cpus[1:]} {cpus[1:]}"
 
+
+
+def test_untimed_jobs_spread_over_idle_devices_before_sharing_one(tmp_path):
+    with lease(1, 2, False, tmp_path, slots=2) as first, \
+            lease(1, 2, False, tmp_path, slots=2) as second, \
+            lease(1, 2, False, tmp_path, slots=2) as third:
+        assert (first, second) == ([0], [1]) and third in ([0], [1])

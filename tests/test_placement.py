@@ -150,9 +150,13 @@ def test_a_shared_job_is_given_its_gpus_loopback_nccl_and_the_mps_launcher(fake_
     assert _platform(1).fingerprint()["placement"] == "one GPU per rank"
     platform.place(2, 3)  # untimed jobs side by side, each a slot of the GPU
     assert platform.fingerprint()["placement"].endswith("up to 3 untimed jobs per GPU")
-    with platform.lease(2, exclusive=False) as first, platform.lease(2, exclusive=False) as second:
-        assert first["CUDA_VISIBLE_DEVICES"] == second["CUDA_VISIBLE_DEVICES"] == "0"
-        assert "COMMBENCH_RANK_CPUS" not in first  # side by side: not pinned to the same CPUs
+    with platform.lease(2, exclusive=False) as first, \
+            platform.lease(2, exclusive=False) as second, \
+            platform.lease(2, exclusive=False) as third:
+        # the two GPUs first, then side by side on one of them
+        assert {first["CUDA_VISIBLE_DEVICES"], second["CUDA_VISIBLE_DEVICES"]} == {"0", "1"}
+        assert third["CUDA_VISIBLE_DEVICES"] in ("0", "1")
+        assert "COMMBENCH_RANK_CPUS" not in third  # side by side: not pinned to the same CPUs
     single = _platform(1)
     single.place(1, 4)  # one GPU per rank: no MPS, so jobs never share it
     assert single.jobs_per_gpu == 1
