@@ -155,7 +155,8 @@ RANKS_PER_GPU_DESC = ("shared placement: put up to N ranks on one GPU, so an ite
                       "figures (default {default}: one GPU per rank)")
 JOBS_PER_GPU_DESC = ("with --commbench-ranks-per-gpu above 1: up to N untimed jobs (check-only "
                      "items, mutants, templates) run on one GPU side by side, each under its "
-                     "own MPS daemon, so that -n N checks a suite N times faster on one GPU; "
+                     "own MPS daemon, so that -n N checks a suite faster on one GPU (bounded by "
+                     "the CPUs: 5 jobs gave 2-3x on a 16-core H200 host); "
                      "a timed job still has its GPUs to itself (default {default})")
 GPU_BATCH_DESC = ("GPU jobs time short calls as batches of back-to-back calls, each on a buffer "
                   "set of its own with its inputs uploaded just before it (as CPU jobs do); "
