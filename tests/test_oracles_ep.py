@@ -488,3 +488,95 @@ def test_every_ep_oracle_rejects_a_timed_repetitions_fresh_inputs(name):
     got = _full_outputs(op, trial, case)
     assert _verify(op, trial, got, case, 1e-6, 1e-6) == []
     assert _verify(op, op.timed_trial(rng, case), got, case, 1e-6, 1e-6)
+
+
+# -- eplb_rebalance --------------------------------------------------------------------------------
+EPLB = checks.get("eplb_rebalance")
+
+
+def test_the_rebalance_of_a_hand_made_placement():
+    # two ranks, two slots each: experts 0 and 1 (world * (S - 1) = 2), expert 1 replicated
+    w0, w1 = np.array([1.0, 2.0], np.float32), np.array([3.0, 4.0], np.float32)
+    old = np.array([0, 1, 1, 1], np.int32)
+    new = np.array([1, 1, 0, 1], np.int32)
+    trial = Trial([{"old_weights": np.stack([w0, w1]), "old_map": old, "new_map": new},
+                   {"old_weights": np.stack([w1, w1]), "old_map": old, "new_map": new}], [{}, {}])
+    want = EPLB.expected(trial, 2, "float32", 2, {"slots": 2})
+    assert want[0]["new_weights"].tolist() == [[3.0, 4.0], [3.0, 4.0]]
+    assert want[1]["new_weights"].tolist() == [[1.0, 2.0], [3.0, 4.0]]
+
+
+def _eplb_case(world, count=1023, trials=3):
+    rng = np.random.default_rng(7)
+    return EPLB.make_case(rng, "c0", count, "float32", world, {"slots": 4}, trials, 1)
+
+
+@pytest.mark.parametrize("world", [2, 4, 8])
+def test_the_rebalance_trials_keep_every_expert_and_the_last_moves_every_rank(world):
+    case = _eplb_case(world)
+    experts = world * 3
+    for trial in case.trials:
+        for named in trial.inputs:  # the maps are the same on every rank
+            assert (named["old_map"] == trial.inputs[0]["old_map"]).all()
+            assert (named["new_map"] == trial.inputs[0]["new_map"]).all()
+        old, new = trial.inputs[0]["old_map"], trial.inputs[0]["new_map"]
+        assert set(old.tolist()) == set(new.tolist()) == set(range(experts))
+        # replicas agree bit for bit
+        rows = {}
+        for p, e in enumerate(old.tolist()):
+            row = trial.inputs[p // 4]["old_weights"][p % 4]
+            assert (rows.setdefault(e, row).view(np.uint32) == row.view(np.uint32)).all()
+    stay, moves, fresh = (t.inputs[0] for t in case.trials)
+    assert (stay["old_map"] == stay["new_map"]).all()
+    assert (moves["old_map"] != moves["new_map"]).any()
+    for r in range(world):  # in the last (late) trial every rank needs a peer's weights
+        mine = fresh["old_map"][r * 4:(r + 1) * 4]
+        assert np.setdiff1d(fresh["new_map"][r * 4:(r + 1) * 4], mine).size
+
+
+def _eplb_outputs(case, trial, owner, tail=True, stale=None):
+    """What the reference computes with the placement read by `owner(q) -> (rank, row)`; the
+    tail after the last whole vector dropped (NaN) unless `tail`; reading `stale`'s weights
+    (a held rank's previous inputs) for rank `stale[0]`."""
+    world, slots = case.world, 4
+    old, new = trial.inputs[0]["old_map"], trial.inputs[0]["new_map"]
+    out = []
+    for r in range(world):
+        rows = []
+        for s in range(slots):
+            e = new[r * slots + s]
+            q = next(q % old.size for q in range(r * slots, r * slots + old.size)
+                     if old[q % old.size] == e)
+            rank, row = owner(q)
+            src = stale[1] if stale and rank == stale[0] and rank != r else trial.inputs[rank]["old_weights"]
+            line = src[row].copy()
+            if not tail:
+                line[(case.count // 4) * 4 if (s * case.count) % 4 == 0 else case.count - 1:] = np.nan
+            rows.append(line)
+        out.append({"new_weights": np.stack(rows)})
+    return out
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_the_rebalance_oracle_accepts_the_reference_and_rejects_each_mutant(world):
+    case = _eplb_case(world)
+    trial = case.trials[-1]
+    blocked = lambda q: (q // 4, q % 4)  # noqa: E731
+    assert _verify(EPLB, trial, _eplb_outputs(case, trial, blocked), case) == []
+    # wrong_owner: the placement read as strided over the ranks
+    assert _verify(EPLB, trial, _eplb_outputs(case, trial, lambda q: (q % world, q // world)), case)
+    # tail_dropped: the floats past the last whole vector are never written
+    assert _verify(EPLB, trial, _eplb_outputs(case, trial, blocked, tail=False), case)
+    # no_ready_wait / stale_epoch: a held peer's weights read before its call put them in place
+    earlier = case.trials[0].inputs
+    for held in range(world):
+        got = _eplb_outputs(case, trial, blocked, stale=(held, earlier[held]["old_weights"]))
+        readers = [r for r in range(world) if r != held]
+        msgs = _verify(EPLB, trial, got, case)
+        if any(m.startswith(f"rank {r}:") for r in readers for m in msgs):
+            break
+    else:
+        pytest.fail("no held rank's stale weights were read by a peer")
+    # a rank that keeps its old weights (nothing moved) is wrong
+    assert _verify(EPLB, trial, [{"new_weights": named["old_weights"]} for named in trial.inputs],
+                   case)
