@@ -1,0 +1,1 @@
+tools/gpu-shared template (COMMBENCH_RANKS_PER_GPU=8, SHARED_SELECT='eplb_rebalance', SHARED_JOBS=4, SHARED_WORLDS=min, SHARED_UNTIMED_TIMEOUT=90)
