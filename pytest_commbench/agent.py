@@ -31,7 +31,7 @@ from __future__ import annotations
 import fcntl
 import json
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -293,7 +293,7 @@ class GeakAgent:
         return out
 
     def run(self, task: Task, world: int, candidate: Candidate, platform,
-            settings) -> dict[str, Any]:
+            settings) -> ItemResult:
         asker = candidate.asker
         root = asker.folder() / self.label
         root.mkdir(parents=True, exist_ok=True)
@@ -303,7 +303,7 @@ class GeakAgent:
             fcntl.flock(lock, fcntl.LOCK_EX)
             return self._run(task, world, candidate, platform, settings, root)
 
-    def _run(self, task, world, candidate, platform, settings, root: Path) -> dict[str, Any]:
+    def _run(self, task, world, candidate, platform, settings, root: Path) -> ItemResult:
         import time
 
         started = time.time()
@@ -427,49 +427,48 @@ class GeakAgent:
         run.history.append(entry)
         return entry
 
-    def _summary(self, run: Run, stop: str | None, added: dict[str, Any]) -> dict[str, Any]:
+    def _result(self, run: Run, base: ItemResult, stop: str | None, started: float,
+                added: dict[str, Any]) -> ItemResult:
+        """The item's result: `base` (the kept answer's evaluation, else the last's, else an
+        outage or nothing) with every step's usage, the iterations' history and the agent's
+        summary."""
+        import time
+
         first = run.history[0] if run.history else None
-        return {
-            "agent": self.label, "tokens_in": run.tokens_in, "tokens_out": run.tokens_out,
-            "cost": run.cost, "requests": run.requests,
-            "rounds": len(run.history), "round_history": run.history,
-            "round": next((h["round"] for h in run.history if h["verdict"] == Verdict.PASS), None),
-            "agent_calls": dict(run.calls), "agent_restarts": run.restarts,
-            "agent_kept": run.kept, "agent_stop": stop,
+        agent = {
+            "agent": self.label, "agent_calls": dict(run.calls),
+            "agent_restarts": run.restarts, "agent_kept": run.kept, "agent_stop": stop,
             "agent_first": None if first is None else {"verdict": first["verdict"],
                                                        "speedup": first["speedup"]},
             "agent_knowledge": added["knowledge"], "agent_retrieved": added["retrieved"],
             "agent_steps": [f"{s.number:02d}-{s.role}" for s in run.steps],
         }
+        if run.best is not None:
+            agent["agent_iteration"] = next(h["round"] for h in reversed(run.history)
+                                            if h.get("kept"))
+        return replace(
+            base, tokens_in=run.tokens_in, tokens_out=run.tokens_out, cost=run.cost,
+            requests=run.requests, rounds=len(run.history), round_history=run.history,
+            round=next((h["round"] for h in run.history if h["verdict"] == Verdict.PASS), None),
+            agent=agent, duration_s=round(time.time() - started, 3))
 
     def _final(self, run: Run, stop: str | None, started: float,
-               added: dict[str, Any]) -> dict[str, Any]:
-        import time
-
-        final = dict(run.best or run.last or {
-            "verdict": "no_solution", "message": "the agent evaluated nothing", "detail": "",
-            "speedup": None, "sizes": []})
-        final.update(self._summary(run, stop, added))
-        final["duration_s"] = round(time.time() - started, 3)
-        if run.best is not None:
-            final["agent_iteration"] = next(h["round"] for h in reversed(run.history)
-                                            if h.get("kept"))
-        return final
+               added: dict[str, Any]) -> ItemResult:
+        kept = run.best or run.last
+        base = (ItemResult.from_record(kept) if kept is not None else
+                ItemResult(Verdict.NO_SOLUTION.value, "the agent evaluated nothing"))
+        return self._result(run, base, stop, started, added)
 
     def _outage(self, run: Run, error: str, step: Step, started: float,
-                added: dict[str, Any]) -> dict[str, Any]:
-        import time
-
+                added: dict[str, Any]) -> ItemResult:
         reached = ("" if run.best is None else
                    f"; best so far: a pass at iteration "
                    f"{next(h['round'] for h in reversed(run.history) if h.get('kept'))}")
-        final = {"verdict": "infra_error", "speedup": None, "sizes": [], "detail": "",
-                 "message": f"the model source failed at agent step {step.number} "
-                            f"({step.role}): {error}{reached}; the steps before it are kept "
-                            "and a rerun goes on from there"}
-        final.update(self._summary(run, f"outage at step {step.number}", added))
-        final["duration_s"] = round(time.time() - started, 3)
-        return final
+        base = ItemResult(Verdict.INFRA_ERROR.value,
+                          f"the model source failed at agent step {step.number} "
+                          f"({step.role}): {error}{reached}; the steps before it are kept "
+                          "and a rerun goes on from there")
+        return self._result(run, base, f"outage at step {step.number}", started, added)
 
 
 def _ask(asker, folder: Path, prompt) -> Reply:

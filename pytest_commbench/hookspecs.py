@@ -21,11 +21,13 @@ def pytest_commbench_make_platform(config, name):
 @hookspec(firstresult=True)
 def pytest_commbench_make_agent(config, name):
     """Return an agent object for `--commbench-agent=name` (an object with `name`, `label`
-    and `run(task, world, candidate, platform, settings)` returning the item's record, as
-    `engine.refine` does: `engine.ItemResult.as_record()` of the answer it keeps, with the
-    strategy's own fields), or None if the name is not yours. An agent evaluates each
-    answer with `engine.evaluate(task, world, candidate, platform, settings)`. The built-in
-    `geak` answers last."""
+    and `run(task, world, candidate, platform, settings)` returning the item's
+    `engine.ItemResult`, as `engine.refine` does: the evaluation of the answer it keeps, with
+    its usage over every step, `round_history`/`round` and its own summary in `agent` (keys
+    "agent" and "agent_*", written into the result line as they are)), or None if the name
+    is not yours. An agent evaluates each answer with `engine.evaluate(task, world,
+    candidate, platform, settings)`. The built-in `geak` answers last. (A result record, the
+    dict of `ItemResult.as_record()`, is still taken.)"""
 
 
 @hookspec

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from . import __version__
-from .engine import Settings, refine
+from .engine import ItemResult, Settings, refine
 from .results import cap, entries
 from .scoring import record_band
 from .session import STATE
@@ -155,9 +155,11 @@ class TaskItem(pytest.Item):
         run = agent.run if agent is not None else refine
         for _attempt in range(1 + INFRA_RETRIES):
             result = run(self.task, self.world, self.candidate, state.platform, settings)
-            if result["verdict"] != Verdict.INFRA_ERROR.value:
+            if isinstance(result, dict):  # a third-party agent of the older contract
+                result = ItemResult.from_record(result)
+            if result.verdict != Verdict.INFRA_ERROR.value:
                 break
-        self._conclude(self._finish(state, result))
+        self._conclude(self._finish(state, result.as_record()))
 
     def repr_failure(self, excinfo, style=None):
         if isinstance(excinfo.value, CommbenchFailure):

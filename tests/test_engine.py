@@ -4,7 +4,7 @@ and who is blamed for a failing job are tests of milliseconds."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -192,6 +192,23 @@ def test_the_record_is_written_once_and_read_back_by_any_version():
     assert "1.50x" in feedback(again) and "secret" not in feedback(again)
     wrong = ItemResult("wrong_answer", message="c0 differs", output="rank 0 printed this")
     assert "c0 differs" in feedback(wrong) and "rank 0 printed this" in feedback(wrong)
+
+
+def test_a_strategy_s_parts_are_written_flat_and_read_back():
+    plain = ItemResult("pass").as_record()
+    assert "round" not in plain and "round_history" not in plain and "agent" not in plain
+    history = [{"round": 1, "verdict": "wrong_answer"}, {"round": 2, "verdict": "pass"}]
+    refined = ItemResult("pass", rounds=2, round_history=history, round=2)
+    record = refined.as_record()
+    assert record["round"] == 2 and record["round_history"] == history
+    summary = {"agent": "geak", "agent_calls": {"generate": 2}, "agent_stop": "rounds"}
+    agent = replace(refined, agent=summary).as_record()
+    assert {k: agent[k] for k in summary} == summary
+    for written in (record, agent):
+        assert ItemResult.from_record(written).as_record() == written
+    # a refinement that never passed still says so (round None, with its history)
+    failed = ItemResult("wrong_answer", round_history=history[:1]).as_record()
+    assert failed["round"] is None and ItemResult.from_record(failed).as_record() == failed
 
 
 def test_run_settings_defaults_are_the_option_table_s():

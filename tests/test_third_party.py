@@ -4,6 +4,7 @@ registered through the hooks from a conftest.py, with no import of anything priv
 from __future__ import annotations
 
 PLUGIN = '''
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -59,9 +60,9 @@ class BestOfTwo:
         assert all(isinstance(r, ItemResult) for r in results)
         SEEN.append([r.verdict for r in results])
         kept = next((r for r in results if r.passed), results[-1])
-        return {**kept.as_record(), "rounds": 2,
-                "round_history": [{"round": i + 1, "verdict": r.verdict}
-                                  for i, r in enumerate(results)]}
+        return dataclasses.replace(
+            kept, rounds=2, round_history=[{"round": i + 1, "verdict": r.verdict}
+                                           for i, r in enumerate(results)])
 
 
 def pytest_commbench_make_model(config, name):

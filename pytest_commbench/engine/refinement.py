@@ -5,6 +5,7 @@ again, up to `settings.rounds` times (a model that cannot be asked again answers
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from typing import Any
 
 from ..models.base import Candidate
@@ -19,10 +20,9 @@ from .settings import Settings
 
 
 def refine(task: Task, world: int, candidate: Candidate, platform: Platform,
-           settings: Settings, runner: JobRunner = run_job) -> dict[str, Any]:
-    """The item's result record (without run-level fields): the best passing round's (else the
-    last's), with every round's tokens and cost, the round that first passed and each round's
-    verdict."""
+           settings: Settings, runner: JobRunner = run_job) -> ItemResult:
+    """The item's result: the best passing round's (else the last's), with every round's
+    tokens and cost, the round that first passed and each round's verdict."""
     started = time.time()
     rounds = settings.rounds if candidate.refine is not None else 1
     history: list[dict[str, Any]] = []
@@ -71,13 +71,12 @@ def refine(task: Task, world: int, candidate: Candidate, platform: Platform,
             if stop is not None and rnd < rounds and candidate.end is not None:
                 candidate.end(world, rnd)
             break
-    final = (best or result).as_record()
-    final.update(tokens_in=tokens_in, tokens_out=tokens_out, cost=cost, requests=requests,
-                 replayed=replayed, rounds=len(history),
-                 duration_s=round(time.time() - started, 3))
+    final = replace(best or result, tokens_in=tokens_in, tokens_out=tokens_out, cost=cost,
+                    requests=requests, replayed=replayed, rounds=len(history),
+                    duration_s=round(time.time() - started, 3))
     if candidate.refine is not None:
         first = next((h["round"] for h in history if h["verdict"] == Verdict.PASS), None)
-        final.update(round=first, round_history=history)
+        final = replace(final, round=first, round_history=history)
     return final
 
 

@@ -40,6 +40,12 @@ class ItemResult:
     timing_rounds: int | None = None
     timing_stopped: str | None = None
     untimed_phases_us: dict[str, Any] | None = None
+    # a strategy's parts: every round's verdict and the first round that passed (written
+    # together, where the answers could be refined), and an agent's summary (its fields,
+    # "agent" and "agent_*", written as they are)
+    round_history: list[dict[str, Any]] | None = None
+    round: int | None = None
+    agent: dict[str, Any] | None = None
     # never written: the reply's text (the next round's prompt quotes it) and whether the
     # speedup is less precise than asked
     reply_text: str = field(default="", repr=False)
@@ -62,11 +68,21 @@ class ItemResult:
             value = getattr(self, name)
             if value is not None:
                 record[name] = value
+        if self.round_history is not None:
+            record.update(round=self.round, round_history=self.round_history)
+        if self.agent is not None:
+            record.update(self.agent)
         return record
 
     @classmethod
     def from_record(cls, record: dict[str, Any]) -> ItemResult:
         """The attempt's part of a result line (one written by any version: fields it does
         not know are left, fields it lacks keep their defaults)."""
-        known = {f.name for f in fields(cls)} - {"reply_text", "imprecise"}
-        return cls(**{k: v for k, v in record.items() if k in known})
+        known = {f.name for f in fields(cls)} - {"reply_text", "imprecise", "round", "agent"}
+        result = cls(**{k: v for k, v in record.items() if k in known})
+        if result.round_history is not None:
+            result.round = record.get("round")
+        agent = {k: v for k, v in record.items() if k == "agent" or k.startswith("agent_")}
+        if agent:
+            result.agent = agent
+        return result
