@@ -294,8 +294,7 @@ class GeakAgent:
 
     def run(self, task: Task, world: int, candidate: Candidate, platform,
             settings) -> ItemResult:
-        asker = candidate.asker
-        root = asker.folder() / self.label
+        root = candidate.conversation.folder / self.label
         root.mkdir(parents=True, exist_ok=True)
         # one agent run of a task and sample at a time: the first item asks, the others (its
         # other world sizes, on other workers too) wait and replay its steps
@@ -307,14 +306,14 @@ class GeakAgent:
         import time
 
         started = time.time()
-        asker = candidate.asker
+        conversation = candidate.conversation
         done_file = root / "done.json"
-        if asker.regenerate():
+        if conversation.regenerate():
             done_file.unlink(missing_ok=True)
         done = _read_json(done_file)
-        kept = {} if asker.regenerate() else self._kept(root)
-        first, added = first_prompt(asker.prompt(), task, self.suites, self.use_knowledge,
-                                    self.retrieval)
+        kept = {} if conversation.regenerate() else self._kept(root)
+        first, added = first_prompt(conversation.prompt(), task, self.suites,
+                                    self.use_knowledge, self.retrieval)
         run = Run(first)
         rounds = max(1, settings.rounds)
         iteration, number, stop = 0, 0, None
@@ -340,7 +339,7 @@ class GeakAgent:
                     break
                 step = Step(number, role, root / f"{number:02d}-{role}")
             # the prompt is built only where the step is asked (a kept step's is on disk)
-            reply = _ask(asker, step.folder,
+            reply = _ask(conversation, step.folder,
                          lambda s=step: self._prompt(run, s.role, task, _feedback))
             run.calls[step.role] += 1
             run.tokens_in += reply.tokens_in
@@ -471,9 +470,9 @@ class GeakAgent:
         return self._result(run, base, f"outage at step {step.number}", started, added)
 
 
-def _ask(asker, folder: Path, prompt) -> Reply:
+def _ask(conversation, folder: Path, prompt) -> Reply:
     try:
-        return asker.ask(folder, prompt)
+        return conversation.ask(folder, prompt)
     except Exception as exc:  # noqa: BLE001 - a model source that fails is an outage
         return Reply(None, infra_error=f"{exc.__class__.__name__}: {exc}")
 

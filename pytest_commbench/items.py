@@ -151,7 +151,7 @@ class TaskItem(pytest.Item):
             state.settings, seed=state.item_seed(self.nodeid), work=state.work_dir / slug,
             cache=state.build_dir, references=state.references, hide=state.hidden)
         # agent mode runs the candidates of a model that can be asked; the rest as always
-        agent = state.agent if self.candidate.asker is not None else None
+        agent = state.agent if self.candidate.conversation is not None else None
         run = agent.run if agent is not None else refine
         for _attempt in range(1 + INFRA_RETRIES):
             result = run(self.task, self.world, self.candidate, state.platform, settings)

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from .models.api import _safe
+from .models.conversation import _safe
 from .session import flag_name, given, lookup, renamed, setting
 from .verdicts import Verdict
 

@@ -284,9 +284,18 @@ def test_a_rerun_ends_the_conversation_where_it_ended_before(monkeypatch, tmp_pa
         return ItemResult("pass" if speedup else "wrong_answer", speedup=speedup)
 
     monkeypatch.setattr(refinement, "evaluate", evaluate)
+    class Conversation:  # the strategy's view of a conversation (models.base.Asking)
+        def again(self, round_, previous, feedback):
+            return asked.append(round_) or Reply("x")
+
+        def ended(self, world):
+            return ends.get(world)
+
+        def end(self, world, round_):
+            ends[world] = round_
+
     candidate = Candidate("", "solution", lambda: asked.append(1) or Reply("x"),
-                          refine=lambda r, p, f: asked.append(r) or Reply("x"),
-                          ended=ends.get, end=ends.__setitem__)
+                          conversation=Conversation())
     settings = Settings(seed=1, work=tmp_path, cache=tmp_path, references=tmp_path, rounds=3)
     first = refinement.refine(None, 2, candidate, None, settings)
     assert (asked, ends, first.round_history[-1]["round"]) == ([1, 2], {2: 2}, 2)

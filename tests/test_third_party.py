@@ -10,29 +10,28 @@ from pathlib import Path
 import pytest
 
 from pytest_commbench.engine import ItemResult, evaluate
-from pytest_commbench.models.base import Asker, Candidate, Model, Reply
+from pytest_commbench.models.base import Candidate, Reply
+from pytest_commbench.models.conversation import AskableModel
 from pytest_commbench.platforms.cpu import CpuPlatform
 
 SEEN = []
 
 
-class Shop(Model):
-    """Answers with the template first (wrong), then with the reference (right)."""
+class Shop(AskableModel):
+    """Answers prompts only: the task's template first (wrong), then its reference (right),
+    found by the template the prompt quotes."""
 
     name = "shop"
+    asked = 0
 
-    def candidates(self, task, references):
-        answers = [task.template, references / task.relpath / f"solution{task.suffix}"]
-        asked = []
-
-        def ask(folder, prompt):
-            text = prompt() if callable(prompt) else prompt
-            asked.append(text)
-            return Reply(answers[min(len(asked), 2) - 1].read_text(), tokens_in=len(text))
-
-        asker = Asker(folder=lambda: Path(str(references)).parent / "replies" / task.name,
-                      prompt=lambda: "write it", ask=ask)
-        return [Candidate("", "solution", lambda: ask(None, "write it"), asker=asker)]
+    def answer(self, prompt):
+        root = Path(str(self.config.rootpath))
+        template = next(t for t in sorted(root.glob("suites/*/*/template.*"))
+                        if t.read_text().rstrip() in prompt)
+        task = template.parent.relative_to(root / "suites")
+        answers = [template, root / "references" / task / f"solution{template.suffix}"]
+        Shop.asked += 1
+        return Reply(answers[min(Shop.asked, 2) - 1].read_text(), tokens_in=len(prompt))
 
 
 class Laptop(CpuPlatform):
@@ -54,7 +53,9 @@ class BestOfTwo:
     def run(self, task, world, candidate, platform, settings):
         results = []
         for number in (1, 2):
-            reply = candidate.asker.ask(None, f"attempt {number}")
+            conversation = candidate.conversation  # kept by the harness
+            reply = conversation.ask(conversation.folder / self.label / f"a{number}",
+                                     conversation.prompt())
             results.append(evaluate(task, world, Candidate("", "solution", lambda r=reply: r),
                                     platform, settings))
         assert all(isinstance(r, ItemResult) for r in results)
@@ -66,7 +67,7 @@ class BestOfTwo:
 
 
 def pytest_commbench_make_model(config, name):
-    return Shop() if name == "shop" else None
+    return Shop(config) if name == "shop" else None
 
 
 def pytest_commbench_model_names(config):

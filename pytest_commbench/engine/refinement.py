@@ -24,7 +24,8 @@ def refine(task: Task, world: int, candidate: Candidate, platform: Platform,
     """The item's result: the best passing round's (else the last's), with every round's
     tokens and cost, the round that first passed and each round's verdict."""
     started = time.time()
-    rounds = settings.rounds if candidate.refine is not None else 1
+    conversation = candidate.conversation
+    rounds = settings.rounds if conversation is not None else 1
     history: list[dict[str, Any]] = []
     best: ItemResult | None = None
     result: ItemResult | None = None
@@ -36,14 +37,14 @@ def refine(task: Task, world: int, candidate: Candidate, platform: Platform,
     spent = 0.0
     requests: list[dict[str, Any]] = []
     replayed = False
-    ended = candidate.ended(world) if candidate.ended is not None else None
+    ended = conversation.ended(world) if conversation is not None else None
     for rnd in range(1, rounds + 1):
         if result is None:  # the first round
             attempt = candidate
         else:
             told, previous = feedback(result), result.reply_text
             attempt = Candidate(candidate.id, candidate.kind,
-                                lambda r=rnd, f=told, p=previous: candidate.refine(r, p, f))
+                                lambda r=rnd, f=told, p=previous: conversation.again(r, p, f))
         result = evaluate(task, world, attempt, platform, settings, runner)
         stop = None
         tokens_in += result.tokens_in
@@ -68,13 +69,13 @@ def refine(task: Task, world: int, candidate: Candidate, platform: Platform,
         if stop is not None or rnd == ended:
             # an early end is kept with the replies: a rerun (whose timing may differ)
             # stops at the same round and asks nothing new
-            if stop is not None and rnd < rounds and candidate.end is not None:
-                candidate.end(world, rnd)
+            if stop is not None and rnd < rounds and conversation is not None:
+                conversation.end(world, rnd)
             break
     final = replace(best or result, tokens_in=tokens_in, tokens_out=tokens_out, cost=cost,
                     requests=requests, replayed=replayed, rounds=len(history),
                     duration_s=round(time.time() - started, 3))
-    if candidate.refine is not None:
+    if conversation is not None:
         first = next((h["round"] for h in history if h["verdict"] == Verdict.PASS), None)
         final = replace(final, round=first, round_history=history)
     return final

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from ..tasks import Task
 
@@ -41,29 +41,36 @@ class Candidate:
     id: str  # "" for the model's own solution, else e.g. the mutant's name
     kind: str  # "solution": must pass; "mutant": must be rejected
     produce: Callable[[], Reply]
-    # refinement (models that can be asked again): (round, previous reply, feedback) -> Reply
-    refine: Callable[[int, str, str], Reply] | None = None
-    # where an earlier run's conversation for this world size ended early (a pass at least as
-    # fast as the reference, or the budget): (world) -> round or None, and (world, round) to
-    # record it, so that a rerun replays the same rounds and asks nothing new
-    ended: Callable[[int], int | None] | None = None
-    end: Callable[[int, int], None] | None = None
-    # a model that can be asked anything (agent mode): its prompts, replies and costs kept
-    # under the runs directory like the refinement rounds'
-    asker: Asker | None = None
+    # a model that can be asked again (refinement rounds, agent mode): its conversation about
+    # this task and sample, which the harness keeps (models.conversation.Conversation)
+    conversation: Asking | None = None
 
 
-@dataclass
-class Asker:
-    """What agent mode needs of a model: the sample's folder under `<runs>/replies/`, the
-    task's prompt as direct prompting sends it, and a request whose prompt and reply are kept
-    in a step folder and replayed from there (no request) on a rerun."""
+class Asking(Protocol):
+    """A conversation with a model about one task and sample, as the strategies use it:
+    every prompt and reply kept in a step folder under `folder` and replayed from there (no
+    request) by later items and runs."""
 
-    folder: Callable[[], Path]  # <runs>/replies/<model>/<task>/s<k>
-    prompt: Callable[[], str]  # the task's first prompt
-    # (step folder, prompt text or a function that builds it) -> reply, kept and replayed
-    ask: Callable[[Path, str | Callable[[], str]], Reply]
-    regenerate: Callable[[], bool] = lambda: False  # --commbench-regenerate: ask anew
+    folder: Path  # <runs>/replies/<model>/<task>/s<k>
+
+    def prompt(self) -> str:
+        """The task's first prompt, as direct prompting sends it."""
+
+    def ask(self, step: Path, prompt: str | Callable[[], str]) -> Reply:
+        """One request kept in `step` (the prompt may be a function: built only if asked)."""
+
+    def again(self, round_: int, previous: str, feedback: str) -> Reply:
+        """Refinement round `round_`: the first prompt, the previous reply and its feedback."""
+
+    def ended(self, world: int) -> int | None:
+        """The round where an earlier run's refinement for this world size ended early (a pass
+        at least as fast as the reference, or the budget), so a rerun asks nothing new."""
+
+    def end(self, world: int, round_: int) -> None:
+        """Record that this world size's refinement ended at `round_`."""
+
+    def regenerate(self) -> bool:
+        """--commbench-regenerate: ask anew, whatever is kept."""
 
 
 class Model:
