@@ -35,7 +35,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from .engine import ItemResult, evaluate, feedback
+from .engine import ItemResult, Usage, evaluate, feedback, first_pass
 from .models.base import Candidate, Reply
 from .scoring import BANDS, record_band
 from .tasks import Task, load_suite
@@ -247,10 +247,7 @@ class Run:
     steps: list[Step] = field(default_factory=list)
     history: list[dict[str, Any]] = field(default_factory=list)
     calls: dict[str, int] = field(default_factory=lambda: dict.fromkeys(ROLES, 0))
-    tokens_in: int = 0
-    tokens_out: int = 0
-    cost: float = 0.0
-    requests: list[dict[str, Any]] = field(default_factory=list)  # every step's request
+    usage: Usage = field(default_factory=Usage)  # every step's tokens, cost and request
     best: dict[str, Any] | None = None  # the best passing iteration's record
     best_text: str = ""
     failed: dict[str, Any] | None = None  # the failing attempt being debugged
@@ -330,7 +327,7 @@ class GeakAgent:
                                              and iteration >= int(done.get("iterations", 0))):
                     stop = f"replayed ({done.get('stop')})"
                     break
-                if settings.budget_usd is not None and run.cost >= settings.budget_usd:
+                if settings.budget_usd is not None and run.usage.spent >= settings.budget_usd:
                     stop = "budget"
                     break
                 role = self._decide(run, settings)
@@ -342,11 +339,8 @@ class GeakAgent:
             reply = _ask(conversation, step.folder,
                          lambda s=step: self._prompt(run, s.role, task, _feedback))
             run.calls[step.role] += 1
-            run.tokens_in += reply.tokens_in
-            run.tokens_out += reply.tokens_out
-            run.cost += reply.cost or 0.0
-            if reply.request:
-                run.requests.append(reply.request)
+            run.usage.add(reply.tokens_in, reply.tokens_out, reply.cost,
+                          [reply.request] if reply.request else [])
             run.steps.append(step)
             if reply.infra_error:
                 return self._outage(run, reply.infra_error, step, started, added)
@@ -445,11 +439,9 @@ class GeakAgent:
         if run.best is not None:
             agent["agent_iteration"] = next(h["round"] for h in reversed(run.history)
                                             if h.get("kept"))
-        return replace(
-            base, tokens_in=run.tokens_in, tokens_out=run.tokens_out, cost=run.cost,
-            requests=run.requests, rounds=len(run.history), round_history=run.history,
-            round=next((h["round"] for h in run.history if h["verdict"] == Verdict.PASS), None),
-            agent=agent, duration_s=round(time.time() - started, 3))
+        return replace(base, **run.usage.parts(), rounds=len(run.history),
+                       round_history=run.history, round=first_pass(run.history), agent=agent,
+                       duration_s=round(time.time() - started, 3))
 
     def _final(self, run: Run, stop: str | None, started: float,
                added: dict[str, Any]) -> ItemResult:

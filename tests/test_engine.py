@@ -14,6 +14,7 @@ import pytest
 from pytest_commbench.engine import InfraError, ItemResult, Outcome, Plan, Settings, evaluate
 from pytest_commbench.engine.measure import figures, measure, trust
 from pytest_commbench.engine.refinement import feedback
+from pytest_commbench.engine.result import Usage, first_pass
 from pytest_commbench.observer import Timing
 from pytest_commbench.verdicts import Rejected, Verdict
 
@@ -209,6 +210,19 @@ def test_a_strategy_s_parts_are_written_flat_and_read_back():
     # a refinement that never passed still says so (round None, with its history)
     failed = ItemResult("wrong_answer", round_history=history[:1]).as_record()
     assert failed["round"] is None and ItemResult.from_record(failed).as_record() == failed
+
+
+def test_usage_counts_each_answer_once_and_spends_what_each_cost_when_asked():
+    usage = Usage()
+    usage.add(10, 5, 0.25, [{"cost": 0.25, "replayed": False}])
+    # a kept answer another item of this run already counted: no tokens, no cost, but the
+    # budget still spends what it cost when it was asked
+    usage.add(0, 0, 0.0, [{"cost": 0.5, "replayed": True}], replayed=True)
+    usage.add(1, 1, 0.125, [])  # a source without a request record: its own cost
+    assert (usage.tokens_in, usage.tokens_out, usage.cost) == (11, 6, 0.375)
+    assert usage.spent == 0.875 and usage.replayed and len(usage.requests) == 2
+    assert first_pass([{"round": 1, "verdict": "timeout"}, {"round": 2, "verdict": "pass"}]) == 2
+    assert first_pass([{"round": 1, "verdict": "timeout"}]) is None
 
 
 def test_run_settings_defaults_are_the_option_table_s():

@@ -15,7 +15,7 @@ from ..verdicts import Verdict
 from .flow import evaluate
 from .job import run_job
 from .plan import JobRunner
-from .result import ItemResult
+from .result import ItemResult, Usage, first_pass
 from .settings import Settings
 
 
@@ -29,14 +29,7 @@ def refine(task: Task, world: int, candidate: Candidate, platform: Platform,
     history: list[dict[str, Any]] = []
     best: ItemResult | None = None
     result: ItemResult | None = None
-    tokens_in = tokens_out = 0
-    cost = 0.0
-    # what the answers cost, replayed ones included (`cost` counts an answer once per run,
-    # in the item that got it first): the budget's measure, so that every world size of a
-    # task, and a rerun from kept replies, stops at the round the asking run stopped at
-    spent = 0.0
-    requests: list[dict[str, Any]] = []
-    replayed = False
+    usage = Usage()
     ended = conversation.ended(world) if conversation is not None else None
     for rnd in range(1, rounds + 1):
         if result is None:  # the first round
@@ -47,14 +40,8 @@ def refine(task: Task, world: int, candidate: Candidate, platform: Platform,
                                 lambda r=rnd, f=told, p=previous: conversation.again(r, p, f))
         result = evaluate(task, world, attempt, platform, settings, runner)
         stop = None
-        tokens_in += result.tokens_in
-        tokens_out += result.tokens_out
-        cost += result.cost or 0.0
-        asked = result.requests
-        spent += (sum(float(q.get("cost") or 0.0) for q in asked) if asked
-                  else result.cost or 0.0)
-        requests += asked
-        replayed = replayed or result.replayed
+        usage.add(result.tokens_in, result.tokens_out, result.cost, result.requests,
+                  result.replayed)
         history.append({"round": rnd, "verdict": result.verdict, "speedup": result.speedup,
                         "message": result.message[:300]})
         if result.passed:
@@ -64,7 +51,7 @@ def refine(task: Task, world: int, candidate: Candidate, platform: Platform,
                 stop = "fast enough"
         elif result.verdict == Verdict.INFRA_ERROR:
             break  # an outage or a broken reference: asking again would not help
-        if stop is None and settings.budget_usd is not None and spent >= settings.budget_usd:
+        if stop is None and settings.budget_usd is not None and usage.spent >= settings.budget_usd:
             stop = "budget"  # the task's budget is spent (the paper's cost-matched comparison)
         if stop is not None or rnd == ended:
             # an early end is kept with the replies: a rerun (whose timing may differ)
@@ -72,12 +59,10 @@ def refine(task: Task, world: int, candidate: Candidate, platform: Platform,
             if stop is not None and rnd < rounds and conversation is not None:
                 conversation.end(world, rnd)
             break
-    final = replace(best or result, tokens_in=tokens_in, tokens_out=tokens_out, cost=cost,
-                    requests=requests, replayed=replayed, rounds=len(history),
-                    duration_s=round(time.time() - started, 3))
+    final = replace(best or result, **usage.parts(), replayed=usage.replayed,
+                    rounds=len(history), duration_s=round(time.time() - started, 3))
     if conversation is not None:
-        first = next((h["round"] for h in history if h["verdict"] == Verdict.PASS), None)
-        final = replace(final, round=first, round_history=history)
+        final = replace(final, round=first_pass(history), round_history=history)
     return final
 
 

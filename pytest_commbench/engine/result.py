@@ -15,6 +15,42 @@ OPTIONAL = ("check_only", "price_source", "speedup_se", "speedup_ci90", "timing_
 
 
 @dataclass
+class Usage:
+    """What one item's answers cost, over every round or step: tokens and cost as this run
+    counts them (a kept answer once per run, in the item that got it first), the requests
+    behind them, and `spent`, the budget's measure: every answer's cost as recorded when it
+    was asked, replayed ones included, so that every world size of a task, and a rerun from
+    kept answers, stops where the asking run stopped."""
+
+    tokens_in: int = 0
+    tokens_out: int = 0
+    cost: float = 0.0
+    spent: float = 0.0
+    requests: list[dict[str, Any]] = field(default_factory=list)
+    replayed: bool = False
+
+    def add(self, tokens_in: int, tokens_out: int, cost: float | None,
+            requests: list[dict[str, Any]], replayed: bool = False) -> None:
+        self.tokens_in += tokens_in
+        self.tokens_out += tokens_out
+        self.cost += cost or 0.0
+        self.spent += (sum(float(q.get("cost") or 0.0) for q in requests) if requests
+                       else cost or 0.0)
+        self.requests += requests
+        self.replayed = self.replayed or replayed
+
+    def parts(self) -> dict[str, Any]:
+        """The result's usage fields."""
+        return {"tokens_in": self.tokens_in, "tokens_out": self.tokens_out,
+                "cost": self.cost, "requests": self.requests}
+
+
+def first_pass(history: list[dict[str, Any]]) -> int | None:
+    """The first round of a history that passed (None: none did)."""
+    return next((h["round"] for h in history if h["verdict"] == Verdict.PASS), None)
+
+
+@dataclass
 class ItemResult:
     verdict: str
     message: str = ""
