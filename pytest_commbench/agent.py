@@ -41,7 +41,6 @@ from .scoring import BANDS, record_band
 from .tasks import Task, load_suite
 from .verdicts import Verdict
 
-AGENT_NAMES = ("geak",)
 KNOWLEDGE_DIR = "knowledge"  # <suites>/knowledge/<library or feature>.md
 ROLES = ("generate", "reflect", "optimize")
 # named bands from the slowest up (inconclusive and untimed have no rank)

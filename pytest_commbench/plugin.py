@@ -7,14 +7,24 @@ import argparse
 import pytest
 
 from . import hookspecs, preflight
-from .agent import AGENT_NAMES, GeakAgent
+from .agent import GeakAgent
 from .items import TaskManifest, is_manifest, record_crashed_item, record_from_report
 from .launch import install_stop_handlers
 from .leaderboard import render_run
 from .models.api import api_model_names, make_api_model
 from .models.builtin import BUILTIN_NAMES, make_builtin
 from .platforms import make as make_platform
-from .session import GROUPS, OPTIONS, STATE, create, flag_name, group_of, labelled, setting
+from .session import (
+    AGENT_NAMES,
+    GROUPS,
+    OPTIONS,
+    STATE,
+    create,
+    flag_name,
+    group_of,
+    labelled,
+    setting,
+)
 
 MARKERS = {
     "commbench": "a pytest-commbench task item",

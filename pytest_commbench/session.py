@@ -27,12 +27,13 @@ from typing import Any
 
 import pytest
 
-from .engine.settings import RunSettings
 from .platforms import detect
 from .results import ResultsLog, RunBusy, RunLock, finished
+from .settings import RunSettings
 
 STATE = pytest.StashKey["CommbenchState"]()
 RUN_FILE = "run.json"
+AGENT_NAMES = ("geak",)  # the built-in agents (agent.py)
 
 
 
@@ -479,8 +480,6 @@ def _make(config: pytest.Config, kind: str, name: str, where: str):
             raise pytest.UsageError(
                 f"{where}: unknown model {name!r} (known: {', '.join(names)})")
         if kind == "agent":
-            from .agent import AGENT_NAMES
-
             raise pytest.UsageError(
                 f"{where}: unknown agent {name!r} (known: off, {', '.join(AGENT_NAMES)})")
         from .platforms import NAMES

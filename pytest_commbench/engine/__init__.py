@@ -7,15 +7,15 @@
 - `blame` — who ended a failed job; `tidy` — an item's folder after its verdict;
 - `refinement.refine` — direct prompting with refinement, a strategy over `evaluate` (the agent is
   another, in `agent.py`);
-- `settings`, `plan`, `result` — what these pass each other (`result.Usage`: what an item's
+- `plan`, `result` (and `..settings`, built by the session) — what these pass each other (`result.Usage`: what an item's
   answers cost, kept alike by every strategy).
 """
 
+from ..settings import RunSettings, Settings
 from .flow import evaluate
 from .plan import InfraError, JobRunner, Outcome, Plan
 from .refinement import feedback, refine
 from .result import ItemResult, Usage, first_pass
-from .settings import RunSettings, Settings
 
 __all__ = ["evaluate", "refine", "feedback", "ItemResult", "Usage", "first_pass", "RunSettings",
            "Settings", "Plan", "Outcome", "InfraError", "JobRunner"]

@@ -13,13 +13,13 @@ from .. import checks, regions, sandbox
 from ..checks.base import make_late
 from ..models.base import Candidate, Reply
 from ..platforms.base import Platform
+from ..settings import Settings
 from ..tasks import Task
 from ..verdicts import Rejected, Verdict
 from .job import run_job
 from .measure import OUTPUT_IN_RECORD, figures, measure, trust
 from .plan import InfraError, JobRunner, Plan
 from .result import ItemResult
-from .settings import Settings
 from .tidy import tidy
 
 

@@ -15,11 +15,11 @@ from .. import cupti_guard, interposer, observer, sandbox
 from ..build import ALWAYS_FORBIDDEN_C, expand_forbid, native_forbid
 from ..launch import Job, find_mpiexec, mpi_env
 from ..rank import protocol
+from ..settings import Settings
 from ..tasks import Task
 from ..verdicts import Verdict
 from .blame import blame, killed_outside
 from .plan import Outcome, Plan
-from .settings import Settings
 
 MAX_MESSAGES = 5  # a wrong answer's messages kept in its outcome
 END_GRACE_S = 30.0  # seconds the ranks have to end after their last call

@@ -13,8 +13,8 @@ if TYPE_CHECKING:
     from .. import checks, observer
     from ..checks.base import Case
     from ..platforms.base import Platform
+    from ..settings import Settings
     from ..tasks import Task
-    from .settings import Settings
 
 
 @dataclass

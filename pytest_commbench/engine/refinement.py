@@ -10,13 +10,13 @@ from typing import Any
 
 from ..models.base import Candidate
 from ..platforms.base import Platform
+from ..settings import Settings
 from ..tasks import Task
 from ..verdicts import Verdict
 from .flow import evaluate
 from .job import run_job
 from .plan import JobRunner
 from .result import ItemResult, Usage, first_pass
-from .settings import Settings
 
 
 def refine(task: Task, world: int, candidate: Candidate, platform: Platform,
