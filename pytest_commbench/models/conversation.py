@@ -147,10 +147,9 @@ class Conversation:
             text = prompt() if callable(prompt) else prompt
             (step / "prompt.md").write_text(text, encoding="utf-8")
             started = time.time()
-            try:
-                reply = self.model.answer(text)
-            except Exception as exc:  # noqa: BLE001 - a source that fails is an outage
-                reply = Reply(None, infra_error=f"{exc.__class__.__name__}: {exc}")
+            # (a source that raises is an outage where the strategy asked: evaluate's and the
+            # agent's own handling, which name the step)
+            reply = self.model.answer(text)
             request = {**(reply.request or {}), "id": _request_id(step, runs_dir),
                        "replayed": False}
             reply.request = request
