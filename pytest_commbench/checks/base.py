@@ -153,15 +153,9 @@ class Op:
         return None
 
     # -- shared helpers ------------------------------------------------------------------
-    def make_trials(self, rng: np.random.Generator, count: int, dtype: str, world: int,
-                    params: dict[str, Any], trials: int) -> list[Trial]:
-        """A case's correctness trials (an op whose trials differ in kind, uniform then skewed
-        routing say, overrides this)."""
-        return [self.make_trial(rng, count, dtype, world, params) for _ in range(trials)]
-
     def make_case(self, rng: np.random.Generator, case_id: str, count: int, dtype: str,
                   world: int, params: dict[str, Any], trials: int, reps: int) -> Case:
-        made = self.make_trials(rng, count, dtype, world, params, trials)
+        made = [self.make_trial(rng, count, dtype, world, params) for _ in range(trials)]
         for t in made:
             if not t.extra:
                 t.extra = [{} for _ in range(world)]

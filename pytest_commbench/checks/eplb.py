@@ -96,10 +96,14 @@ class Rebalance(Op):
         outputs = [{"new_weights": ((slots, count), dtype)} for _ in range(world)]
         return Trial(inputs, outputs)
 
-    def make_trials(self, rng, count, dtype, world, params, trials):
-        kinds = KINDS[len(KINDS) - trials:] if trials <= len(KINDS) else (
-            KINDS + ("fresh",) * (trials - len(KINDS)))
-        return [self.make_trial(rng, count, dtype, world, params, k) for k in kinds]
+    def make_case(self, rng, case_id, count, dtype, world, params, trials, reps):
+        case = super().make_case(rng, case_id, count, dtype, world, params, 0, reps)
+        kinds = KINDS[-trials:] if trials <= len(KINDS) else KINDS + ("fresh",) * (trials - 3)
+        case.trials = [self.make_trial(rng, count, dtype, world, params, k) for k in kinds]
+        for t in case.trials:
+            t.extra = [{} for _ in range(world)]
+            t.delays = [0.0] * world
+        return case
 
     def expected(self, trial, count, dtype, world, params):
         slots, _ = _slots(params, world)

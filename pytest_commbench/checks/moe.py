@@ -77,9 +77,15 @@ class Routed(Op):
     def make_trial(self, rng, count, dtype, world, params, skewed=False):
         raise NotImplementedError
 
-    def make_trials(self, rng, count, dtype, world, params, trials):
-        return [self.make_trial(rng, count, dtype, world, params, skewed=t > 0)
+    def make_case(self, rng, case_id, count, dtype, world, params, trials, reps):
+        made = [self.make_trial(rng, count, dtype, world, params, skewed=t > 0)
                 for t in range(trials)]
+        case = super().make_case(rng, case_id, count, dtype, world, params, 0, reps)
+        for t in made:
+            t.extra = [{} for _ in range(world)]
+            t.delays = [0.0] * world
+        case.trials = made
+        return case
 
     def bytes(self, count, dtype, world, params):
         hidden, _, topk = _params(params, world)
