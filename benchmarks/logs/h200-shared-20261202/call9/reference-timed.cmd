@@ -1,0 +1,1 @@
+tools/gpu-shared reference-timed -- --commbench-shared-node --commbench-timing-max-rounds=2 (COMMBENCH_RANKS_PER_GPU=8, SHARED_JOBS=6, SHARED_WORLDS=min, SHARED_DONE=benchmarks/logs/h200-shared-20261202)
