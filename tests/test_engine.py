@@ -43,7 +43,8 @@ class FakeJobs:
         t = self.times(role, count) if self.times else 1e-3
         calls = [Timing(t * (1 + 0.001 * i)) for i in range(5)]
         return Outcome(Verdict.PASS, times={c: list(calls) for c in CASES},
-                       output=f"{role} job {name}", batches={"c0": 4})
+                       output=f"{role} job {name}", batches={"c0": 4},
+                       phases_s=(float(len(self.ran)), 0.5, 0.1))
 
 
 class Load:
@@ -86,6 +87,9 @@ def test_the_solution_is_checked_first_then_a_warm_up_then_abba(tmp_path):
     assert got.rounds == 4 and all(len(got.times[r]["c0"]) == 4 for r in ("ref", "sol"))
     # the warm-up chose the batches every later job runs with
     assert plan.batches == {"c0": 4} and got.output == "sol job sol3"
+    # where each job's time went, every job of the item in the order they ran
+    assert list(got.job_phases_s) == [n for n, *_ in jobs.ran]
+    assert [p[0] for p in got.job_phases_s.values()] == [float(i) for i in range(1, 11)]
 
 
 def test_a_check_only_item_runs_the_solution_once_untimed(tmp_path):

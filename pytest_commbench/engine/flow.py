@@ -118,6 +118,7 @@ def _run(task: Task, world: int, candidate: Candidate, platform: Platform, setti
     if not timed:
         return
     result.timing_rounds = measured.rounds
+    result.job_phases_s = measured.job_phases_s
     result.timing_stopped = measured.stopped
     result.host_load = measured.host_load
     result.imprecise = measured.imprecise

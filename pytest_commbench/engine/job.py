@@ -130,12 +130,17 @@ def run_job(plan: Plan, artifact: Path, job_dir: Path, timed: bool,
     failure: Exception | None = None
     job = Job(argv, job_dir, plan.deadline, env=env)
     try:
+        began = time.monotonic()
         obs.connect(job)
+        connected = time.monotonic()
         for index, case in enumerate(plan.cases, start=1):
             outcome.times[case.id] = obs.run_case(case)
             obs.end(index)
+        called = time.monotonic()
         job.end = min(job.end, time.monotonic() + END_GRACE_S)
         job.wait()
+        outcome.phases_s = (round(connected - began, 3), round(called - connected, 3),
+                            round(time.monotonic() - called, 3))
         if job.alive() or job.proc.returncode != 0:
             raise observer.JobEnded(Verdict.RUNTIME_ERROR, "the ranks did not end cleanly "
                                                            "after their last call")

@@ -50,6 +50,8 @@ class Measurement:
     host_load: dict[str, Any] | None = None
     # per case and role, the medians of the untimed phases (GPU: upload, fetch), microseconds
     untimed_phases_us: dict[str, Any] = field(default_factory=dict)
+    # per job of a timed item, in the order they ran: its (start, cases, end) seconds
+    job_phases_s: dict[str, tuple[float, float, float] | None] = field(default_factory=dict)
 
 
 def rejected(outcome: Outcome) -> Rejected:
@@ -94,6 +96,7 @@ def measure(plan: Plan, artifacts: dict[str, Path], run_job: JobRunner,
         outcome = run_job(plan, artifacts["sol"], settings.work / "check", False)
         if outcome.verdict is not Verdict.PASS:
             raise rejected(outcome)
+        result.job_phases_s["check"] = outcome.phases_s
         # a warm-up job of the reference, timed like the others, its times thrown away:
         # whatever the first job of an item pays (page cache, input files being written back,
         # cold imports, devices waking from idle) is paid here; on 2x H200 the first timed
@@ -102,6 +105,7 @@ def measure(plan: Plan, artifacts: dict[str, Path], run_job: JobRunner,
         outcome = run_job(plan, artifacts["ref"], settings.work / "warmup", True, trials=False)
         if outcome.verdict is not Verdict.PASS:
             raise InfraError(reference_failed(outcome))
+        result.job_phases_s["warmup"] = outcome.phases_s
         # what the harness's own upload and fetch take, per case: beyond it, the untimed
         # phases are charged to every later job, the reference's as well (observer.charged)
         baseline = {cid: observer.phase_baseline(ts) for cid, ts in outcome.times.items()}
@@ -137,6 +141,8 @@ def measure(plan: Plan, artifacts: dict[str, Path], run_job: JobRunner,
                 raise rejected(outcome)
             if who == "sol":
                 result.output = outcome.output
+            if timed:
+                result.job_phases_s[f"{who}{rnd}"] = outcome.phases_s
             for cid, ts in outcome.times.items():
                 times[who][cid].append(observer.charged(ts, baseline.get(cid)))
                 if timed and ts and plan.platform.backend != "cpu":

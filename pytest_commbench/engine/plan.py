@@ -28,6 +28,9 @@ class Outcome:
     output: str = ""
     batches: dict[str, int] = field(default_factory=dict)  # calls per timed batch, per case
     seconds: float = 0.0
+    # where the job's time went: its start (launch, imports, device set-up, until every rank
+    # had connected), its cases (the calls, checks and timing), its end (the ranks' exit)
+    phases_s: tuple[float, float, float] | None = None
 
 
 class InfraError(Exception):

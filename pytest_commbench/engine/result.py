@@ -11,7 +11,7 @@ from ..verdicts import Verdict
 
 #: optional fields: written only where they were measured or said
 OPTIONAL = ("check_only", "price_source", "speedup_se", "speedup_ci90", "timing_trust",
-            "host_load", "timing_rounds", "timing_stopped", "untimed_phases_us")
+            "host_load", "timing_rounds", "timing_stopped", "untimed_phases_us", "job_phases_s")
 
 
 @dataclass
@@ -76,6 +76,9 @@ class ItemResult:
     timing_rounds: int | None = None
     timing_stopped: str | None = None
     untimed_phases_us: dict[str, Any] | None = None
+    # per job of a timed item (check, warmup, ref0, sol0, ...): its start, cases and end in
+    # seconds, where an item's time went
+    job_phases_s: dict[str, Any] | None = None
     # a strategy's parts: every round's verdict and the first round that passed (written
     # together, where the answers could be refined), and an agent's summary (its fields,
     # "agent" and "agent_*", written as they are)

@@ -47,6 +47,7 @@ told to FETCH (above) and go on to wait for the next call's PREP.
 from __future__ import annotations
 
 import json
+import math
 import mmap
 import os
 from dataclasses import asdict, dataclass, field, fields
@@ -150,7 +151,7 @@ def views(buf, placed: list[list]) -> dict[str, np.ndarray]:
     """numpy arrays over the data segment for a layout (name -> array)."""
     out = {}
     for name, _kind, shape, dtype, offset in placed:
-        count = int(np.prod(shape, dtype=np.int64))
+        count = math.prod(int(d) for d in shape)
         out[name] = np.frombuffer(buf, dtype=np.dtype(dtype), count=count,
                                   offset=offset).reshape(shape)
     return out
