@@ -42,13 +42,20 @@ def cmd_report(args: argparse.Namespace) -> int:
     from .models.registry import RegistryError
 
     records: list[dict] = []
+    reply_roots: dict[str, Path] = {}
     for raw in args.paths:
         logs = _logs(Path(raw))
         if not logs:
             print(f"commbench: no results log at {raw}", file=sys.stderr)
             return 2
         for log in logs:
-            records += load(log)
+            loaded = load(log)
+            records += loaded
+            # a log in a runs folder (<runs>/<run>/results.jsonl): its replies beside it
+            for r in loaded:
+                reply_roots.setdefault(str(r.get("run")), log.parent.parent / "replies")
+    if args.compare:
+        return _compare(args)
     changed = leaderboard.changed_tasks(records)
     if changed and not args.split_changed:
         print("commbench report: these runs judged different versions of the same tasks (the "
@@ -73,7 +80,13 @@ def cmd_report(args: argparse.Namespace) -> int:
                        + ([f"--models-file {args.models_file}"] if args.models_file else [])
                        + (["--by-fingerprint"] if args.by_fingerprint else [])
                        + (["--split-changed"] if args.split_changed else [])
-                       + ([f"--out {args.out}"] if args.out else []))
+                       + ([f"--out {args.out}"] if args.out else [])
+                       + ([f"--html {args.html}"] if args.html else []))
+    given = Path(args.replies) if args.replies else None
+
+    def replies_of(r: dict) -> Path | None:  # where a record's kept replies are
+        return given or reply_roots.get(str(r.get("run")))
+
     for label, fp, group in groups:
         if len(groups) > 1:
             _sep("#", f"fingerprint group {label}")
@@ -95,10 +108,42 @@ def cmd_report(args: argparse.Namespace) -> int:
             if not any(p.suffix == ".png" for p in written):
                 print("commbench: no figures drawn (matplotlib is missing: install the "
                       "'plots' extra); report.md has them as text")
+        if args.html:
+            from . import htmlreport
+
+            site = Path(args.html) / label if len(groups) > 1 else Path(args.html)
+            pages = htmlreport.write(board, site, replies_of, command)
+            print(f"commbench: wrote {len(pages)} pages to {site} (open {site / 'index.html'})")
         if args.readme:
             write_section(Path(args.readme), leaderboard.README_SECTION,
                           leaderboard.leaderboard_markdown(board))
             print(f"commbench: wrote the leaderboard into {args.readme}")
+    return 0
+
+
+def _compare(args: argparse.Namespace) -> int:
+    """`commbench report A B --compare`: what changed from run A to run B."""
+    from .report import comparison_markdown
+    from .scoring import compare
+
+    if len(args.paths) != 2:
+        print("commbench report: --compare takes two runs (A B)", file=sys.stderr)
+        return 2
+    labels = args.label or []
+    if len(labels) not in (0, 2):
+        print("commbench report: give --label twice (one for each run) or not at all",
+              file=sys.stderr)
+        return 2
+    runs = []
+    for raw in args.paths:
+        runs.append([r for log in _logs(Path(raw)) for r in load(log)])
+    a, b = labels or [str(p) for p in args.paths]
+    text = comparison_markdown(compare(*runs), a, b)
+    print(text)
+    if args.out:
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+        (Path(args.out) / "compare.md").write_text(text + "\n")
+        print(f"commbench: wrote {Path(args.out) / 'compare.md'}")
     return 0
 
 
@@ -377,6 +422,18 @@ def main(argv: list[str] | None = None) -> int:
     rep.add_argument("--out", metavar="DIR",
                      help="write report.md, leaderboard.csv, leaderboard.json and the figures "
                           "(PNGs, with the 'plots' extra) into DIR")
+    rep.add_argument("--html", metavar="DIR",
+                     help="write a static site into DIR (index.html: the leaderboard, the task x "
+                          "model matrix, the failure anatomy; a page per task with every "
+                          "model's evidence and reply, a page per model); no network needed")
+    rep.add_argument("--replies", metavar="DIR",
+                     help="the models' kept replies for --html (<runs>/replies; default: "
+                          "beside each results log in a runs folder)")
+    rep.add_argument("--compare", action="store_true",
+                     help="two runs A B: the verdicts that changed, the speedups that moved "
+                          "beyond their 90%% intervals, the items new in B and those removed")
+    rep.add_argument("--label", action="append", metavar="NAME",
+                     help="with --compare, a name for each run (twice: A's, then B's)")
     rep.add_argument("--split-changed", action="store_true",
                      help="runs that judged different versions of a task (its hash differs): "
                           "each version as a task of its own instead of refusing to pool them")

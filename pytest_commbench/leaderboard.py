@@ -37,11 +37,13 @@ from .report import WriteLine, WriteSep
 from .results import merge
 from .scoring import (
     BAND_ORDER,
+    OUTCOMES,
     UNTIMED,
     Intervals,
     Scores,
     bootstrap,
     breakdown,
+    outcomes,
     per_task,
     record_band,
     score,
@@ -526,7 +528,20 @@ def tables(board: Board) -> list[Table]:
               _num(r["pass_x_gm"]),
               "-" if r["pass_x_gm_gain"] is None else f"{r['pass_x_gm_gain']:+.3f}",
               _num(r["calls"], 1), _money(r["price"])] for r in versus]))
+    shown = anatomy_columns(board.entries)
+    if shown:
+        out.append(Table(
+            "Table 6: failure anatomy (items by how they ended)", ["model", "items", *shown],
+            [[e.label, len(e.solutions), *(outcomes(e.solutions).get(o, 0) for o in shown)]
+             for e in board.entries]))
     return out
+
+
+def anatomy_columns(entries: list[Entry]) -> list[str]:
+    """The outcomes any of these entries had, in OUTCOMES order."""
+    counts = [outcomes(e.solutions) for e in entries]
+    extra = sorted({o for c in counts for o in c} - set(OUTCOMES))
+    return [o for o in (*OUTCOMES, *extra) if any(c.get(o) for c in counts)]
 
 
 def _iv(row: dict, metric: str) -> list[float] | None:

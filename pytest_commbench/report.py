@@ -11,6 +11,7 @@ from tabulate import tabulate
 from .scoring import (
     MUTANT_UNJUDGED,
     NOT_APPLICABLE,
+    Comparison,
     Intervals,
     bootstrap,
     breakdown,
@@ -266,3 +267,27 @@ def render(records: list[dict], write_line: WriteLine, write_sep: WriteSep,
         write_line(f"mutants rejected: {rejected}/{len(judged)}"
                    + (f" ({unjudged} not run: skipped, infra error or aborted)" if unjudged else "")
                    + (f"; SURVIVED: {', '.join(r['nodeid'] for r in survived)}" if survived else ""))
+
+
+def comparison_markdown(cmp: Comparison, a: str, b: str) -> str:
+    """Run A against run B as Markdown tables (a GitHub-style table reads in a terminal too)."""
+    def ci(iv: list[float]) -> str:
+        return f"[{iv[0]:.3f}, {iv[1]:.3f}]"
+
+    out = [f"## {a} -> {b}", "",
+           f"{len(cmp.verdicts)} verdict changes, {len(cmp.moved)} speedups moved beyond their "
+           f"90% intervals ({cmp.steady} passes in both did not), {len(cmp.new)} new items, "
+           f"{len(cmp.removed)} removed.", ""]
+    if cmp.verdicts:
+        out += ["### Verdict changes", "", tabulate(
+            [[item, x, y] for item, x, y in cmp.verdicts],
+            headers=["item", a, b], tablefmt="github"), ""]
+    if cmp.moved:
+        out += ["### Speedups that moved", "", tabulate(
+            [[item, f"{sx:.3f} {ci(ix)}", f"{sy:.3f} {ci(iy)}", how]
+             for item, sx, ix, sy, iy, how in cmp.moved],
+            headers=["item", a, b, "moved"], tablefmt="github"), ""]
+    for title, items in (("New items", cmp.new), ("Removed items", cmp.removed)):
+        if items:
+            out += [f"### {title}", "", *[f"- {i}" for i in items], ""]
+    return "\n".join(out)

@@ -254,3 +254,68 @@ def bootstrap(records: Iterable[dict], resamples: int = RESAMPLES, seed: int = B
     return Intervals(interval(pass_rate, point.pass_rate), interval(pass_good, point.pass_good),
                      interval(gm, point.gm_speedup), interval(pass_x_gm, point.pass_x_gm),
                      n, resamples, seed, level)
+
+
+# -- how items end ------------------------------------------------------------------------------
+
+#: every outcome an item can have, in the order a failure anatomy shows them
+OUTCOMES = ("pass", "wrong_answer", "compile_error", "runtime_error", "timeout", "forbidden",
+            "tampered", "no_solution", "truncated", "aborted", "infra_error", "skipped")
+
+
+def outcomes(records: Iterable[dict]) -> dict[str, int]:
+    """A failure anatomy: how many items ended in each outcome (every outcome of OUTCOMES,
+    zeros included, then any other a record names)."""
+    counts = dict.fromkeys(OUTCOMES, 0)
+    for r in records:
+        verdict = str(r.get("verdict") or "aborted")
+        counts[verdict] = counts.get(verdict, 0) + 1
+    return counts
+
+
+# -- two runs side by side ----------------------------------------------------------------------
+
+@dataclass
+class Comparison:
+    """What changed from run A to run B, item by item (an item: a node id and its sample)."""
+
+    verdicts: list[tuple[str, str, str]]  # (item, A's verdict, B's): every change
+    # (item, A's speedup, its interval, B's, its interval, "faster"/"slower"): passes in both
+    # whose 90% intervals do not overlap; a speedup without an interval never counts as moved
+    moved: list[tuple[str, float, list[float], float, list[float], str]]
+    steady: int  # items passing in both whose speedup did not move beyond its intervals
+    new: list[str]  # items only in B
+    removed: list[str]  # items only in A
+
+
+def _by_item(records: Iterable[dict]) -> dict[str, dict]:
+    out = {}
+    for r in records:
+        key = str(r.get("nodeid") or r.get("task"))
+        if r.get("candidate"):
+            key += f" {r['candidate']}"
+        out[key] = r  # the later record of an item wins, as in a report
+    return out
+
+
+def compare(a: Iterable[dict], b: Iterable[dict]) -> Comparison:
+    """Run A against run B: verdict changes, speedups that moved beyond both intervals, items
+    new in B and items B no longer has."""
+    ra, rb = _by_item(a), _by_item(b)
+    verdicts, moved, steady = [], [], 0
+    for item in sorted(set(ra) & set(rb)):
+        x, y = ra[item], rb[item]
+        vx, vy = str(x.get("verdict") or "aborted"), str(y.get("verdict") or "aborted")
+        if vx != vy:
+            verdicts.append((item, vx, vy))
+            continue
+        if vx != Verdict.PASS or x.get("speedup") is None or y.get("speedup") is None:
+            continue
+        ix, iy = x.get("speedup_ci90"), y.get("speedup_ci90")
+        if ix and iy and (iy[0] > ix[1] or iy[1] < ix[0]):
+            moved.append((item, x["speedup"], ix, y["speedup"], iy,
+                          "faster" if iy[0] > ix[1] else "slower"))
+        else:
+            steady += 1
+    return Comparison(verdicts, moved, steady, sorted(set(rb) - set(ra)),
+                      sorted(set(ra) - set(rb)))
