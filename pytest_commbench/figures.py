@@ -18,6 +18,7 @@ matplotlib.use("Agg")  # files only, never a window
 
 import matplotlib.pyplot as plt  # noqa: E402
 
+from .report import model_colours  # noqa: E402
 from .scoring import BAND_ORDER  # noqa: E402
 
 BAND_COLORS = {"Better": "#1a9850", "Comparable": "#91cf60", "Degraded": "#fc8d59",
@@ -38,17 +39,26 @@ def _legend_right(ax) -> None:
 
 
 def _grouped(ax, data: dict[str, dict[str, float]], labels: list[str], title: str) -> None:
+    """Grouped bars, one colour per model (the same in every figure), each bar with its value
+    above it; a zero is drawn as a stub on the axis, so that it is seen, not missing."""
     groups = list(data)
+    colours = model_colours(labels)
     width = 0.8 / max(len(labels), 1)
     for i, label in enumerate(labels):
         xs = [g + (i - (len(labels) - 1) / 2) * width for g in range(len(groups))]
-        ys = [100 * data[group].get(label, 0.0) for group in groups]
-        ax.bar(xs, ys, width, label=label)
+        ys = [100 * data[group][label] if label in data[group] else None for group in groups]
+        shown = [(x, y) for x, y in zip(xs, ys) if y is not None]
+        if not shown:
+            continue
+        bars = ax.bar([x for x, _ in shown], [max(y, 0.8) for _, y in shown], width,
+                      label=label, color=colours[label])
+        if len(labels) * len(groups) <= 40:
+            ax.bar_label(bars, labels=[f"{y:.0f}" for _, y in shown], fontsize=6, padding=1)
     ax.set_xticks(range(len(groups)))
     ax.set_xticklabels(groups, rotation=30 if len(groups) > 4 else 0, ha="right"
                        if len(groups) > 4 else "center")
     ax.set_ylabel("pass rate (%)")
-    ax.set_ylim(0, 105)
+    ax.set_ylim(0, 110)
     ax.set_title(title)
     ax.grid(axis="y", alpha=0.3)
 
@@ -92,15 +102,20 @@ def draw(labels: list[str], figures: list[tuple[str, str, dict[str, dict[str, fl
             _grouped(ax, data, labels, title)
             _legend_right(ax)
         written.append(_save(fig, out / f"{stem}.png"))
+    colours = model_colours(labels)
     for stem, task, series in speedups:
         fig, ax = plt.subplots(figsize=(7, 4))
         # bytes per rank where the task counts bytes, else the element count
         by_bytes = all(b > 0 for s in series for b, _, _ in s["points"])
-        for s in series:
+        for k, s in enumerate(series):
             points = sorted(s["points"], key=lambda p: (p[0], p[1]))
             ax.plot([b if by_bytes else c for b, c, _ in points], [v for _, _, v in points],
-                    marker="o", label=s["series"])
+                    marker="osD^v<>"[k % 7], label=s["series"],
+                    color=colours.get(s.get("entry", ""), None))
         ax.axhline(1.0, color="grey", linewidth=0.8, linestyle="--")
+        values = [v for s in series for _, _, v in s["points"]]
+        # an axis that shows 1.0 and some room around it, not a magnified sliver of one size
+        ax.set_ylim(min(0.0, min(values)), max(1.5, 1.1 * max(values)))
         xs = [b if by_bytes else c for s in series for b, c, _ in s["points"]]
         if all(x > 0 for x in xs) and max(xs) > 4 * min(xs):
             ax.set_xscale("log", base=2)

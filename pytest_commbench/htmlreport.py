@@ -22,11 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from .leaderboard import Board, Entry, anatomy_columns, fingerprint_line, leaderboard_rows
+from .report import model_colours
 from .scoring import outcomes, record_band
-
-#: one colour per model, in board order (the same model keeps its colour on every page)
-PALETTE = ("#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948", "#b07aa1",
-           "#ff9da7", "#9c755f", "#bab0ac")
 
 STYLE = """
 body { font: 14px/1.45 system-ui, sans-serif; margin: 1.5em auto; max-width: 78em;
@@ -172,7 +169,7 @@ def highlight_reply(text: str) -> str:
 # -- pages --------------------------------------------------------------------------------------
 
 def _colours(board: Board) -> dict[str, str]:
-    return {e.label: PALETTE[i % len(PALETTE)] for i, e in enumerate(board.entries)}
+    return model_colours([e.label for e in board.entries])
 
 
 def _swatch(colour: str) -> str:

@@ -426,7 +426,8 @@ def speedups_by_size(board: Board) -> dict[str, list[dict[str, Any]]]:
                 continue
             name = e.label + (f" np{r['world']}" if r.get("world") is not None else "") \
                 + (f" {r['candidate']}" if r.get("candidate") else "")
-            out.setdefault(r.get("task", "?"), []).append({"series": name, "points": points})
+            out.setdefault(r.get("task", "?"), []).append({"series": name, "points": points,
+                                                           "entry": e.label})
     return dict(sorted(out.items()))
 
 

@@ -25,6 +25,14 @@ from .verdicts import Verdict
 WriteLine = Callable[[str], None]
 WriteSep = Callable[[str, str], None]
 
+#: one colour per model, in board order: a model keeps its colour in every figure and page
+PALETTE = ("#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948", "#b07aa1",
+           "#ff9da7", "#9c755f", "#bab0ac")
+
+
+def model_colours(labels: list[str]) -> dict[str, str]:
+    return {label: PALETTE[i % len(PALETTE)] for i, label in enumerate(labels)}
+
 
 def _pct(x: float | None) -> str:
     return "-" if x is None else f"{100 * x:.1f}%"
