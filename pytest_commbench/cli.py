@@ -43,7 +43,12 @@ def cmd_report(args: argparse.Namespace) -> int:
 
     records: list[dict] = []
     reply_roots: dict[str, Path] = {}
-    for raw in args.paths:
+    labels = args.label or []
+    if labels and not args.compare and len(labels) != len(args.paths):
+        print("commbench report: give one --label per run (in the order of the runs), or none",
+              file=sys.stderr)
+        return 2
+    for index, raw in enumerate(args.paths):
         logs = _logs(Path(raw))
         if not logs:
             print(f"commbench: no results log at {raw}", file=sys.stderr)
@@ -54,6 +59,8 @@ def cmd_report(args: argparse.Namespace) -> int:
             # a log in a runs folder (<runs>/<run>/results.jsonl): its replies beside it
             for r in loaded:
                 reply_roots.setdefault(str(r.get("run")), log.parent.parent / "replies")
+                if labels and not args.compare:  # the run's entries are named by its label
+                    r["run_label"] = labels[index]
     if args.compare:
         return _compare(args)
     changed = leaderboard.changed_tasks(records)
@@ -433,7 +440,8 @@ def main(argv: list[str] | None = None) -> int:
                      help="two runs A B: the verdicts that changed, the speedups that moved "
                           "beyond their 90%% intervals, the items new in B and those removed")
     rep.add_argument("--label", action="append", metavar="NAME",
-                     help="with --compare, a name for each run (twice: A's, then B's)")
+                     help="a name for each run, in their order: a model's entries of two runs "
+                          "stay apart as 'model [NAME]' (with --compare: A's, then B's)")
     rep.add_argument("--split-changed", action="store_true",
                      help="runs that judged different versions of a task (its hash differs): "
                           "each version as a task of its own instead of refusing to pool them")

@@ -215,7 +215,7 @@ class Board:
 
 
 def _config(r: dict) -> tuple:
-    return (r.get("refine_rounds"), r.get("budget_usd"), r.get("agent"))
+    return (r.get("refine_rounds"), r.get("budget_usd"), r.get("agent"), r.get("run_label"))
 
 
 def _config_label(model: str, rounds: int | None, budget: float | None,
@@ -265,8 +265,12 @@ def build(records: Iterable[dict], models_file: Path | None = None,
         by_model.setdefault(str(r.get("model", "?")), {}).setdefault(_config(r), []).append(r)
     entries = []
     for model, configs in by_model.items():
-        for (rounds, budget, agent), recs in configs.items():
-            label = model if len(configs) == 1 else _config_label(model, rounds, budget, agent)
+        for (rounds, budget, agent, run_label), recs in configs.items():
+            # runs labelled by the caller stay apart: the label names the entry
+            same = [c for c in configs if c[3] == run_label]
+            label = model if len(same) == 1 else _config_label(model, rounds, budget, agent)
+            if run_label:
+                label = f"{label} [{run_label}]"
             recs = merge(recs)
             spec = specs.get(model)
             kw = {} if resamples is None else {"resamples": resamples}

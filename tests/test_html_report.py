@@ -262,3 +262,20 @@ def test_compare_takes_two_runs(tmp_path, capsys):
     a = str(FIXTURES / "h200" / "atlas.jsonl")
     assert main(["report", a, "--compare"]) == 2
     assert "two runs" in capsys.readouterr().err
+
+
+def test_two_labelled_runs_of_one_model_stay_apart(tmp_path, capsys):
+    a = FIXTURES / "h200" / "atlas.jsonl"
+    b = tmp_path / "atlas-b.jsonl"
+    _edited_copy(a, tmp_path / "atlas-a.jsonl", b)
+    out = tmp_path / "site"
+    assert main(["report", str(tmp_path / "atlas-a.jsonl"), str(b), "--label", "v1",
+                 "--label", "v2", "--html", str(out)]) == 0
+    rows = _page(out / "index.html").body_rows("leaderboard")
+    assert sorted(r[2] for r in rows) == ["atlas [v1]", "atlas [v2]"]
+    # each entry's page is its own run's: only B's has the failure B was given
+    v1, v2 = ((out / "models" / f"atlas_{v}.html").read_text() for v in ("v1", "v2"))
+    assert "element 3 differs" in v2 and "element 3 differs" not in v1
+    assert "p2p/new_task" in v2 and "p2p/new_task" not in v1
+    assert main(["report", str(a), str(b), "--label", "only-one"]) == 2
+    assert "one --label per run" in capsys.readouterr().err

@@ -222,6 +222,9 @@ def test_the_daemon_serves_the_launcher_and_is_stopped_after_it(fake_bin, tmp_pa
     assert done.stdout.strip() == state["pipe"] and state["state"] == "stopped"
     assert os.path.exists(os.path.join(state["log"], "control.log"))  # it did start
     assert _daemons(state["pipe"]) == []
+    # its private folder (pipes, log) is gone with it; the log is kept in the job's folder
+    assert state["log"] == str(out / "mps-log")
+    assert not os.path.exists(os.path.dirname(state["pipe"]))
 
 
 def test_a_failing_launcher_keeps_its_status_and_the_daemon_is_stopped(fake_bin, tmp_path):

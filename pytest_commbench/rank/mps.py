@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -141,9 +142,23 @@ def main(argv: list[str]) -> int:
                 continue
     finally:
         clean = stop(control, env, pipe)
-        _write(out, pipe=pipe, log=logs, control=control,
+        kept = _keep_logs(logs, out)
+        _write(out, pipe=pipe, log=kept or logs, control=control,
                state="stopped" if clean else "left running")
+        if clean:  # the daemon is gone: its folder goes with it (its log kept in the job's)
+            shutil.rmtree(base, ignore_errors=True)
     return status if status >= 0 else 128 - status
+
+
+def _keep_logs(logs: str, out: str) -> str | None:
+    """The daemon's log folder copied into the job's output folder (where the job's evidence
+    is kept); None where it could not be."""
+    kept = os.path.join(out, "mps-log")
+    try:
+        shutil.copytree(logs, kept, dirs_exist_ok=True)
+    except OSError:
+        return None
+    return kept
 
 
 if __name__ == "__main__":
