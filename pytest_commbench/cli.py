@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -393,10 +394,26 @@ def cmd_models(args: argparse.Namespace) -> int:
     return 0
 
 
+def _agent_answer(run: Path) -> Path | None:
+    """The reply an agent run stands by: its last step kept as the best answer (a step's
+    verdict-np<W>.json says `kept`), else its last step."""
+    steps = sorted((d for d in run.glob("[0-9][0-9]-*") if (d / "reply.md").is_file()),
+                   key=lambda d: int(d.name[:2]))
+    for step in reversed(steps):
+        for verdict in step.glob("verdict-np*.json"):
+            try:
+                if json.loads(verdict.read_text()).get("kept"):
+                    return step / "reply.md"
+            except (OSError, ValueError):
+                continue
+    return steps[-1] / "reply.md" if steps else None
+
+
 def cmd_export(args: argparse.Namespace) -> int:
     """A model's kept answers as the `dir:` layout: for every task, the last round's reply of
     sample 0 (or --sample) as DIR/<category>/<task>/reply.md, so another machine (the GPU
-    one) judges exactly these answers with --commbench-model=dir:DIR."""
+    one) judges exactly these answers with --commbench-model=dir:DIR. With --agent LABEL, the
+    answer that agent run stands by (its last kept step, else its last step)."""
     import shutil
 
     root = Path(args.replies)
@@ -405,16 +422,23 @@ def cmd_export(args: argparse.Namespace) -> int:
         return 2
     written = 0
     for sample in sorted(root.glob(f"*/*/s{args.sample}")):
-        rounds = sorted((d for d in sample.glob("r*") if (d / "reply.md").is_file()),
-                        key=lambda d: int(d.name[1:]))
-        if not rounds:
-            continue
+        if args.agent:
+            chosen = _agent_answer(sample / args.agent)
+            if chosen is None:
+                continue
+            name = f"{args.agent}/{chosen.parent.name}"
+        else:
+            rounds = sorted((d for d in sample.glob("r*") if (d / "reply.md").is_file()
+                             and d.name[1:].isdigit()), key=lambda d: int(d.name[1:]))
+            if not rounds:
+                continue
+            chosen, name = rounds[-1] / "reply.md", rounds[-1].name
         task = sample.parent.relative_to(root)
         out = Path(args.dir) / task
         out.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(rounds[-1] / "reply.md", out / "reply.md")
+        shutil.copyfile(chosen, out / "reply.md")
         written += 1
-        print(f"{task}: {rounds[-1].name}")
+        print(f"{task}: {name}")
     print(f"commbench export: {written} tasks written to {args.dir}")
     return 0 if written else 1
 
@@ -492,6 +516,9 @@ def main(argv: list[str] | None = None) -> int:
     exp.add_argument("replies", help="<runs>/replies/<model>")
     exp.add_argument("dir")
     exp.add_argument("--sample", type=int, default=0)
+    exp.add_argument("--agent", metavar="LABEL",
+                     help="export an agent run's answers (the folder <task>/s<k>/LABEL: its "
+                          "last kept step, else its last step) instead of the direct rounds'")
     exp.set_defaults(func=cmd_export)
     doc = sub.add_parser("doctor", help="what this machine has for the benchmark, what it "
                                         "lacks, and which items that leaves runnable")

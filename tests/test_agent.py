@@ -296,3 +296,31 @@ def test_the_leaderboard_keeps_agent_and_direct_apart_and_compares_them():
     # records of no agent: no Table 5, no agent lines
     plain = leaderboard.build(direct)
     assert not leaderboard.agent_vs_direct(plain) and agent_lines(direct) == []
+
+
+def test_export_carries_the_answer_an_agent_run_stands_by(tmp_path):
+    """`commbench export --agent LABEL`: per task, the last step the run kept as its best
+    answer (a later proposal that was not kept is not it), else the run's last step."""
+    from pytest_commbench.cli import main
+
+    replies = tmp_path / "replies" / "m"
+
+    def step(task: str, name: str, kept: bool | None) -> None:
+        d = replies / task / "s0" / "geak" / name
+        d.mkdir(parents=True)
+        (d / "reply.md").write_text(f"{task} {name}\n")
+        if kept is not None:
+            (d / "verdict-np2.json").write_text(json.dumps({"verdict": "pass", "kept": kept}))
+
+    step("p2p/pingpong", "01-generate", True)
+    step("p2p/pingpong", "02-optimize", True)
+    step("p2p/pingpong", "03-optimize", False)
+    step("collective/ring_allreduce", "01-generate", False)
+    step("collective/ring_allreduce", "02-reflect", None)
+    out = tmp_path / "dir"
+    assert main(["export", str(replies), str(out), "--agent", "geak"]) == 0
+    assert (out / "p2p/pingpong/reply.md").read_text() == "p2p/pingpong 02-optimize\n"
+    assert (out / "collective/ring_allreduce/reply.md").read_text() == \
+        "collective/ring_allreduce 02-reflect\n"
+    # without --agent: the direct rounds, which this folder has none of
+    assert main(["export", str(replies), str(tmp_path / "none")]) == 1
