@@ -89,8 +89,17 @@ def cmd_report(args: argparse.Namespace) -> int:
                        + (["--by-fingerprint"] if args.by_fingerprint else [])
                        + (["--split-changed"] if args.split_changed else [])
                        + ([f"--out {args.out}"] if args.out else [])
-                       + ([f"--html {args.html}"] if args.html else []))
+                       + ([f"--html {args.html}"] if args.html else [])
+                       + ([f"--suites {args.suites}"] if args.suites else []))
     given = Path(args.replies) if args.replies else None
+    suite = None
+    if args.suites:  # Table 1 from the suite, not from what the logs hold
+        tasks, errors = load_suite(Path(args.suites))
+        for error in errors:
+            print(f"commbench report: {error}", file=sys.stderr)
+        suite = [{"task": t.relpath, "category": t.category, "library": t.library,
+                  "difficulty": t.difficulty, "setup": t.setup, "platforms": t.platforms}
+                 for t in tasks]
 
     def replies_of(r: dict) -> Path | None:  # where a record's kept replies are
         return given or reply_roots.get(str(r.get("run")))
@@ -103,7 +112,7 @@ def cmd_report(args: argparse.Namespace) -> int:
         try:
             # an item of one model in several logs (a run and its rerun) counts once
             board = leaderboard.build(group, Path(args.models_file) if args.models_file
-                                      else None)
+                                      else None, suite=suite)
         except RegistryError as exc:
             print(f"commbench report: {exc}", file=sys.stderr)
             return 2
@@ -460,6 +469,9 @@ def main(argv: list[str] | None = None) -> int:
     rep.add_argument("--replies", metavar="DIR",
                      help="the models' kept replies for --html (<runs>/replies; default: "
                           "beside each results log in a runs folder)")
+    rep.add_argument("--suites", metavar="DIR",
+                     help="Table 1 from this suite's tasks for the runs' platform (with how many "
+                          "of them the logs cover), not from the tasks the logs hold")
     rep.add_argument("--compare", action="store_true",
                      help="two runs A B: the verdicts that changed, the speedups that moved "
                           "beyond their 90%% intervals, the items new in B and those removed")

@@ -203,6 +203,9 @@ class Board:
     fingerprint: dict
     # runs of no solution (`mutants`: the checker's test, not a model's): shown, never ranked
     unranked: list[Entry] = field(default_factory=list)
+    # the suite's tasks for this platform ({"task", "category", ...}), where the report was
+    # given the suite: Table 1 counts them, not what the logs happen to hold
+    suite: list[dict] | None = None
 
     @property
     def tasks(self) -> dict[str, dict]:
@@ -253,7 +256,7 @@ def separated(upper: Entry, lower: Entry) -> bool:
 
 
 def build(records: Iterable[dict], models_file: Path | None = None,
-          resamples: int | None = None) -> Board:
+          resamples: int | None = None, suite: list[dict] | None = None) -> Board:
     """The board of records of one fingerprint (FingerprintMismatch otherwise): an entry per
     model and configuration, each item once (the later record wins), ranked by Pass x GM
     (then Pass Rate), tiers split where adjacent intervals separate."""
@@ -289,15 +292,19 @@ def build(records: Iterable[dict], models_file: Path | None = None,
         if i and separated(entries[i - 1], e):
             tier += 1
         e.rank, e.tier = i + 1, tier
-    return Board(entries, fp, unranked)
+    if suite is not None and fp.get("platform"):
+        suite = [t for t in suite if fp["platform"] in t.get("platforms", (fp["platform"],))]
+    return Board(entries, fp, unranked, suite)
 
 
 # -- the numbers of each table and figure -----------------------------------------------------
 
 def composition(board: Board, dimension: str) -> list[dict]:
     """Table 1 by one dimension: per value, the tasks, their share of the suite and how they
-    split by difficulty and by setup; a total row last."""
-    tasks = list(board.tasks.values())
+    split by difficulty and by setup; a total row last. Given the suite (`Board.suite`), its
+    tasks are counted, and `run` says how many of them the logs have results of."""
+    ran = board.tasks
+    tasks = board.suite if board.suite is not None else list(ran.values())
     total = len(tasks)
     values = sorted({str(t.get(dimension, "")) for t in tasks})
     rows = []
@@ -306,6 +313,8 @@ def composition(board: Board, dimension: str) -> list[dict]:
                                               if str(t.get(dimension, "")) == value]
         row = {dimension: value, "tasks": len(mine),
                "share": len(mine) / total if total else None}
+        if board.suite is not None:
+            row["run"] = sum(1 for t in mine if t.get("task") in ran)
         for key, options in (("difficulty", DIFFICULTIES), ("setup", SETUPS)):
             if key != dimension:
                 for o in options:
@@ -474,8 +483,11 @@ def tables(board: Board) -> list[Table]:
     for dim in ("category", "library"):
         rows = composition(board, dim)
         extra = [k for k in rows[0] if k not in (dim, "tasks", "share")] if rows else []
+        source = (f"the suite's tasks for {board.fingerprint.get('platform', 'this platform')}"
+                  "; run: those the logs have results of" if board.suite is not None
+                  else "the tasks in the logs")
         out.append(Table(
-            f"Table 1{'a' if dim == 'category' else 'b'}: the suite by {dim}",
+            f"Table 1{'a' if dim == 'category' else 'b'}: the suite by {dim} ({source})",
             [dim, "tasks", "share", *extra],
             [[r[dim], r["tasks"], _pct(r["share"]), *(r[k] for k in extra)] for r in rows]))
     out.append(Table(

@@ -279,3 +279,25 @@ def test_two_labelled_runs_of_one_model_stay_apart(tmp_path, capsys):
     assert "p2p/new_task" in v2 and "p2p/new_task" not in v1
     assert main(["report", str(a), str(b), "--label", "only-one"]) == 2
     assert "one --label per run" in capsys.readouterr().err
+
+
+def test_table_1_counts_the_suite_not_the_logs(tmp_path):
+    """--suites: Table 1 is the suite's tasks for the runs' platform (counted here from the
+    manifests by hand), with how many of them the logs cover."""
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        import tomli as tomllib
+
+    manifests = [tomllib.loads(p.read_text()) for p in sorted((REPO / "suites").glob("*/*/task.toml"))]
+    h200 = [m for m in manifests if "h200" in m["platforms"]]
+    logged = {json.loads(x)["task"] for p in H200 for x in p.read_text().splitlines() if x.strip()}
+    out = tmp_path / "out"
+    assert main(["report", *map(str, H200), "--models-file", str(FIXTURES / "models.toml"),
+                 "--suites", str(REPO / "suites"), "--out", str(out)]) == 0
+    data = json.loads((out / "leaderboard.json").read_text())["composition"]["category"]
+    total = data[-1]
+    assert total["category"] == "total" and total["tasks"] == len(h200) > len(logged)
+    assert total["run"] == len(logged)
+    by_hand = collections.Counter(m["category"] for m in h200)
+    assert {r["category"]: r["tasks"] for r in data[:-1]} == dict(by_hand)
