@@ -44,6 +44,8 @@ from .scoring import (
     bootstrap,
     breakdown,
     outcomes,
+    pass_at_ks,
+    passes_by_round,
     per_task,
     record_band,
     score,
@@ -371,12 +373,12 @@ def bands(board: Board) -> dict[str, dict[str, int]]:
 
 def rounds(board: Board) -> dict[str, list[tuple[int, int]]]:
     """Table 3: per entry that refined, the cumulative task passes after each round."""
-    return {e.label: by for e in board.entries if (by := report.passes_by_round(e.solutions))}
+    return {e.label: by for e in board.entries if (by := passes_by_round(e.solutions))}
 
 
 def pass_at_k(board: Board) -> dict[str, list[tuple[int, float]]]:
     """Table 3 (samples): per entry with several samples per task, pass@k for every k."""
-    return {e.label: ks for e in board.entries if (ks := report.pass_at_ks(e.solutions))}
+    return {e.label: ks for e in board.entries if (ks := pass_at_ks(e.solutions))}
 
 
 def cost_matched(board: Board) -> list[dict[str, Any]]:

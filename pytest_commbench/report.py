@@ -10,13 +10,13 @@ from tabulate import tabulate
 
 from .scoring import (
     MUTANT_UNJUDGED,
-    NOT_APPLICABLE,
     Comparison,
     Intervals,
+    best_of_samples,
     bootstrap,
     breakdown,
-    pass_at_k,
-    per_task,
+    pass_at_ks,
+    passes_by_round,
     record_band,
     score,
 )
@@ -102,58 +102,6 @@ def _cand(r: dict) -> str:
 def _score_rows(groups) -> list[list[str]]:
     return [[name, s.applicable, s.passes, _pct(s.pass_rate), _pct(s.pass_good),
              _num(s.gm_speedup), _num(s.pass_x_gm)] for name, s in groups]
-
-
-def pass_at_ks(records: list[dict]) -> list[tuple[int, float]]:
-    """pass@k for every k up to the samples per task (unbiased estimator, mean over the
-    applicable tasks); empty where there was one sample per task."""
-    samples: dict[str, list[bool]] = {}
-    for t in per_task(records):
-        if re.fullmatch(r"s\d+", str(t.get("candidate", ""))) and \
-                t["verdict"] not in NOT_APPLICABLE:
-            samples.setdefault(t.get("task"), []).append(t["verdict"] == Verdict.PASS)
-    if not samples:
-        return []
-    most = min(len(v) for v in samples.values())
-    return [(k, sum(pass_at_k(len(v), sum(v), k) for v in samples.values()) / len(samples))
-            for k in range(1, most + 1)]
-
-
-def passes_by_round(records: list[dict]) -> list[tuple[int, int]]:
-    """Cumulative task passes after each refinement round (the paper's Table 3); empty where
-    no record went through rounds. A task passes in round r when every applicable world size
-    had passed by then; a task is one model's (records of several models are several tasks,
-    as `per_task` counts them)."""
-    rounds = max((len(r.get("round_history") or []) for r in records), default=0)
-    if rounds == 0:
-        return []
-    tasks: dict[tuple, list[dict]] = {}
-    for r in records:
-        if r["verdict"] not in NOT_APPLICABLE:
-            tasks.setdefault((r.get("model", ""), r.get("task"), r.get("candidate", "")),
-                             []).append(r)
-    out = []
-    for n in range(1, rounds + 1):
-        out.append((n, sum(1 for items in tasks.values() if all(
-            r.get("round") is not None and r["round"] <= n for r in items))))
-    return out
-
-
-def best_of_samples(records: list[dict]) -> list[dict]:
-    """Per task (and model), its samples' best result: the fastest passing sample (a pass
-    without a speedup counts below any timed one), else the first sample's. What K
-    independent agent runs give a task (`--commbench-samples K`); records of one sample per
-    task come back as they are, task by task."""
-    groups: dict[tuple, list[dict]] = {}
-    for t in per_task(records):
-        groups.setdefault((t.get("model", ""), t.get("task") or t.get("nodeid")), []).append(t)
-    out = []
-    for runs in groups.values():
-        passing = [t for t in runs if t["verdict"] == Verdict.PASS]
-        best = max(passing, key=lambda t: t.get("speedup") or 0.0) if passing else \
-            sorted(runs, key=lambda t: str(t.get("candidate", "")))[0]
-        out.append(best)
-    return out
 
 
 def agent_lines(records: list[dict]) -> list[str]:

@@ -247,7 +247,7 @@ def test_the_faster_rule_reads_the_interval_and_the_band():
 
 
 def test_the_best_of_k_runs_is_the_fastest_passing_one():
-    from pytest_commbench.report import best_of_samples
+    from pytest_commbench.scoring import best_of_samples
 
     recs = [{"model": "m", "task": "t", "candidate": f"s{k}", "verdict": v, "speedup": s,
              "kind": "solution", "nodeid": f"n{k}"}

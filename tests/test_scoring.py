@@ -147,7 +147,7 @@ def test_a_tasks_interval_and_trust_come_from_its_world_sizes():
 
 
 def test_passes_by_round_counts_each_models_task_apart():
-    from pytest_commbench.report import passes_by_round
+    from pytest_commbench.scoring import passes_by_round
 
     history = [{"round": 1, "verdict": "wrong_answer"}, {"round": 2, "verdict": "pass"}]
     recs = [{"model": "a", "task": "t", "candidate": "", "verdict": "pass", "round": 2,
