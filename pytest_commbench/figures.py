@@ -19,7 +19,7 @@ matplotlib.use("Agg")  # files only, never a window
 import matplotlib.pyplot as plt  # noqa: E402
 
 from .report import model_colours  # noqa: E402
-from .scoring import BAND_ORDER  # noqa: E402
+from .scoring import BAND_ORDER, wilson  # noqa: E402
 
 BAND_COLORS = {"Better": "#1a9850", "Comparable": "#91cf60", "Degraded": "#fc8d59",
                "Severely degraded": "#d73027", "inconclusive": "#bdbdbd", "untimed": "#f0f0f0"}
@@ -38,9 +38,12 @@ def _legend_right(ax) -> None:
     ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0))
 
 
-def _grouped(ax, data: dict[str, dict[str, float]], labels: list[str], title: str) -> None:
+def _grouped(ax, data: dict[str, dict[str, float]], labels: list[str], title: str,
+             counts: dict[str, dict[str, tuple[int, int]]] | None = None) -> None:
     """Grouped bars, one colour per model (the same in every figure), each bar with its value
-    above it; a zero is drawn as a stub on the axis, so that it is seen, not missing."""
+    above it; a zero is drawn as a stub on the axis, so that it is seen, not missing. Given
+    the counts behind the bars (passes, tasks), each bar says them and carries its 90% Wilson
+    interval."""
     groups = list(data)
     colours = model_colours(labels)
     width = 0.8 / max(len(labels), 1)
@@ -52,8 +55,17 @@ def _grouped(ax, data: dict[str, dict[str, float]], labels: list[str], title: st
             continue
         bars = ax.bar([x for x, _ in shown], [max(y, 0.8) for _, y in shown], width,
                       label=label, color=colours[label])
+        got = [(counts or {}).get(g, {}).get(label) for g, y in zip(groups, ys) if y is not None]
+        if counts and all(got):
+            ivs = [wilson(p, n) for p, n in got]
+            ax.errorbar([x for x, _ in shown], [y for _, y in shown],
+                        yerr=[[max(0.0, y - 100 * iv[0]) for (_, y), iv in zip(shown, ivs)],
+                              [max(0.0, 100 * iv[1] - y) for (_, y), iv in zip(shown, ivs)]],
+                        fmt="none", ecolor="#333", elinewidth=0.7, capsize=1.5)
         if len(labels) * len(groups) <= 40:
-            ax.bar_label(bars, labels=[f"{y:.0f}" for _, y in shown], fontsize=6, padding=1)
+            texts = ([f"{p}/{n}" for p, n in got] if counts and all(got)
+                     else [f"{y:.0f}" for _, y in shown])
+            ax.bar_label(bars, labels=texts, fontsize=5.5, padding=1)
     ax.set_xticks(range(len(groups)))
     ax.set_xticklabels(groups, rotation=30 if len(groups) > 4 else 0, ha="right"
                        if len(groups) > 4 else "center")
@@ -64,7 +76,8 @@ def _grouped(ax, data: dict[str, dict[str, float]], labels: list[str], title: st
 
 
 def draw(labels: list[str], figures: list[tuple[str, str, dict[str, dict[str, float]], bool]],
-         speedups: list[tuple[str, str, list[dict[str, Any]]]], out: Path) -> list[Path]:
+         speedups: list[tuple[str, str, list[dict[str, Any]]]], out: Path,
+         counts: dict[str, dict[str, dict[str, tuple[int, int]]]] | None = None) -> list[Path]:
     """Every figure of a leaderboard into `out`; the paths written. Its numbers are handed
     over (`leaderboard.write` draws through this module, which imports nothing back): the
     entries' `labels`, Figures 1-3 as `leaderboard.figure_data` gives them, and per task
@@ -90,8 +103,11 @@ def draw(labels: list[str], figures: list[tuple[str, str, dict[str, dict[str, fl
             cats = {k[len("category "):]: v for k, v in data.items() if k.startswith("category ")}
             libs = {k[len("library "):]: v for k, v in data.items() if k.startswith("library ")}
             fig, axes = plt.subplots(1, 2, figsize=(13, 4.5))
-            _grouped(axes[0], cats, labels, "by category")
-            _grouped(axes[1], libs, labels, "by library")
+            mine = (counts or {}).get(stem, {})
+            _grouped(axes[0], cats, labels, "by category",
+                     {k[len("category "):]: v for k, v in mine.items() if k.startswith("category ")})
+            _grouped(axes[1], libs, labels, "by library",
+                     {k[len("library "):]: v for k, v in mine.items() if k.startswith("library ")})
             handles, names = axes[0].get_legend_handles_labels()
             fig.legend(handles, names, fontsize="small", loc="upper center",
                        ncol=min(len(names), 3), bbox_to_anchor=(0.5, 0.0))
@@ -99,7 +115,7 @@ def draw(labels: list[str], figures: list[tuple[str, str, dict[str, dict[str, fl
             fig.tight_layout()
         else:
             fig, ax = plt.subplots(figsize=(7, 4))
-            _grouped(ax, data, labels, title)
+            _grouped(ax, data, labels, title, (counts or {}).get(stem))
             _legend_right(ax)
         written.append(_save(fig, out / f"{stem}.png"))
     colours = model_colours(labels)

@@ -345,6 +345,28 @@ def leaderboard_rows(board: Board) -> list[dict[str, Any]]:
     return rows
 
 
+def passes_by(board: Board, key: str) -> dict[str, dict[str, tuple[int, int]]]:
+    """Per entry, (passes, applicable tasks) of each value of `key`: the counts behind a
+    figure's bars."""
+    return {e.label: {value: (s.passes, s.applicable) for value, s in breakdown(e.solutions, key)
+                      if s.applicable} for e in board.entries}
+
+
+def figure_counts(board: Board) -> dict[str, dict[str, dict[str, tuple[int, int]]]]:
+    """Per figure of pass rates (its file stem), per group and entry: (passes, tasks)."""
+    out = {}
+    for stem, keys in (("fig1-pass-rate-by-difficulty", ("difficulty",)),
+                       ("fig3-pass-rate-by-category-and-library", ("category", "library"))):
+        groups: dict[str, dict[str, tuple[int, int]]] = {}
+        for key in keys:
+            for label, by in passes_by(board, key).items():
+                for value, counts in by.items():
+                    group = f"{key} {value}" if len(keys) > 1 else value
+                    groups.setdefault(group, {})[label] = counts
+        out[stem] = groups
+    return out
+
+
 def pass_rate_by(board: Board, key: str) -> dict[str, dict[str, float | None]]:
     """Figures 1 and 3: per entry, the pass rate of each value of `key` (difficulty, category,
     library)."""
@@ -800,7 +822,8 @@ def write(board: Board, out: Path, commands: str = "") -> list[Path]:
         # which `markdown` finds it by)
         speedups = [(speedup_stem(task), task, series)
                     for task, series in speedups_by_size(board).items()]
-        for path in draw([e.label for e in board.entries], figure_data(board), speedups, out):
+        for path in draw([e.label for e in board.entries], figure_data(board), speedups, out,
+                         figure_counts(board)):
             images[path.stem] = path.name
             written.append(path)
     (out / "report.md").write_text(markdown(board, images, commands) + "\n")

@@ -176,6 +176,17 @@ def breakdown(records: Iterable[dict], key: str) -> list[tuple[str, Scores]]:
     return [(k, score(v)) for k, v in sorted(groups.items())]
 
 
+def wilson(passes: int, n: int, z: float = 1.645) -> list[float] | None:
+    """The 90% Wilson score interval of a pass rate of `passes` out of `n` tasks (a group of a
+    figure: few tasks, where a bootstrap of the group alone says little); None for no task."""
+    if n <= 0:
+        return None
+    p = passes / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return [max(0.0, centre - half), min(1.0, centre + half)]
+
+
 def pass_at_k(n: int, c: int, k: int) -> float:
     """Unbiased pass@k from n samples of which c passed (Chen et al. 2021)."""
     if n - c < k:

@@ -195,6 +195,27 @@ def test_pass_rates_by_difficulty_category_and_library(board, key):
         values = {i[key] for i in hand["items"]}
         assert got[label] == pytest.approx({v: _rate(hand["items"], key, v) for v in values})
     assert got["atlas"]["easy" if key == "difficulty" else next(iter(got["atlas"]))] >= 0
+    # the counts the figures print on the bars and draw their intervals from
+    counts = leaderboard.passes_by(board, key)
+    for label, hand in HAND.items():
+        for v in {i[key] for i in hand["items"]}:
+            mine = [i for i in hand["items"] if i[key] == v]
+            assert counts[label][v] == (sum(i["pass"] for i in mine), len(mine))
+
+
+def test_the_wilson_interval_of_a_pass_rate():
+    from pytest_commbench.scoring import wilson
+
+    # none of n passed: the upper bound is z^2 / (n + z^2), the lower 0
+    assert wilson(0, 10) == pytest.approx([0.0, 1.645 ** 2 / (10 + 1.645 ** 2)])
+    lo, hi = wilson(10, 10)
+    assert hi == pytest.approx(1.0) and lo == pytest.approx(10 / (10 + 1.645 ** 2))
+    # it holds the estimate, and narrows as the tasks grow
+    for p, n in ((3, 7), (30, 70), (1, 2)):
+        lo, hi = wilson(p, n)
+        assert lo < p / n < hi
+    assert wilson(30, 70)[1] - wilson(30, 70)[0] < wilson(3, 7)[1] - wilson(3, 7)[0]
+    assert wilson(0, 0) is None
 
 
 def test_bands_over_passing_tasks(board):
