@@ -24,7 +24,7 @@ ASKED_ONLY = ("rounds", "samples", "temperature", "budget_usd", "base_url", "reg
 #: options of the timing, which --commbench-check-only switches off
 TIMING = ("timing_rounds", "timing_max_rounds", "timing_precision", "timing_contended", "reps",
           "warmup",
-          "timing_budget", "max_reps", "shared_node")
+          "timing_budget", "max_reps", "timing_wall", "shared_node")
 
 
 def refusals(config: pytest.Config, state: Any) -> list[str]:

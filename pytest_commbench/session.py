@@ -149,6 +149,9 @@ WARMUP_DESC = "untimed warm-up calls per size per job (default {default})"
 BUDGET_DESC = ("seconds of timed work per size per job; repetitions go on past --commbench-reps "
                "until it is spent (default {default}; formerly --commbench-budget)")
 MAX_REPS_DESC = "at most this many timed repetitions per size per job (default {default})"
+WALL_DESC = ("seconds per size per job the timed repetitions may take in all, drawing, writing "
+             "and checking their fresh inputs included (at least 3 repetitions whatever it "
+             "is; default {default}): what bounds the jobs of the largest sizes")
 KEEP_DESC = "keep the scratch directories of passing items too"
 RANKS_PER_GPU_DESC = ("shared placement: put up to N ranks on one GPU, so an item of W ranks runs "
                       "where ceil(W/N) GPUs are visible (each job gets an MPS daemon of its "
@@ -220,6 +223,7 @@ OPTIONS: list[Option] = [
     Option("warmup", count, 2, WARMUP_DESC),
     Option("timing_budget", nonnegative_seconds, 0.25, BUDGET_DESC, aliases=("budget",)),
     Option("max_reps", count, 200, MAX_REPS_DESC),
+    Option("timing_wall", nonnegative_seconds, 2.5, WALL_DESC),
     Option("check_only", _flag, False, CHECK_ONLY_DESC, flag=True),
     Option("keep", _flag, False, KEEP_DESC, flag=True),
     Option("shared_node", _flag, False, SHARED_NODE_DESC, flag=True),
@@ -257,7 +261,7 @@ GROUPS: dict[str, tuple[str, tuple[str, ...]]] = {
     "timing": ("timing against the reference", (
         "timing_rounds", "timing_max_rounds", "timing_precision", "timing_contended",
         "reps", "warmup",
-        "timing_budget", "max_reps")),
+        "timing_budget", "max_reps", "timing_wall")),
     "placement": ("where ranks run on GPU machines", (
         "ranks_per_gpu", "jobs_per_gpu", "shared_node", "gpu_batch", "thunderkittens")),
 }

@@ -30,6 +30,9 @@ class RunSettings:
     reps: int = 10  # minimum timed repetitions per size and job
     max_reps: int = 200  # ... and the most, while the time budget lasts
     timing_budget: float = 0.25  # timed seconds per size and job the repetitions may add up to
+    # seconds per size and job the observer may spend on the timed repetitions in all (drawing,
+    # writing and checking fresh inputs too: what bounds the largest sizes' jobs)
+    timing_wall: float = 2.5
     warmup: int = 2
     timeout: float | None = None  # overrides the manifest's per-job deadline
     keep: bool = False  # keep every item's folder
@@ -61,7 +64,6 @@ class Settings(RunSettings):
     cache: Path  # build cache shared by the run
     references: Path
     hide: tuple[Path, ...] = ()  # more trees no job may see (the runs root, the project)
-    wall_s: float = 2.5  # seconds per case and job the observer may spend on repetitions
 
     @classmethod
     def for_item(cls, run: RunSettings, **own: Any) -> Settings:

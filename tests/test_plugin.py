@@ -113,6 +113,18 @@ def test_missing_solution_is_no_solution(bench, tmp_path):
     result.stdout.fnmatch_lines(["*verdict: no_solution*"])
 
 
+def test_the_timing_wall_bounds_the_repetitions_and_each_jobs_phases_are_recorded(bench):
+    bench.timed()
+    bench.add_task()
+    # ten repetitions asked, none of the observer's time allowed: three a size, the floor
+    bench.run("--commbench-reps=10", "--commbench-timing-wall=0").assert_outcomes(passed=1)
+    (record,) = bench.records()
+    assert record["sizes"] and all(s["n"] == 3 for s in record["sizes"])
+    # where the item's time went: every job's start-up, cases and end
+    assert set(record["job_phases_s"]) == {"check", "warmup", "ref0", "sol0"}
+    assert all(len(p) == 3 and min(p) >= 0 for p in record["job_phases_s"].values())
+
+
 def test_a_slower_solution_gets_a_speedup_below_one(bench):
     bench.timed()
     bench.add_task()

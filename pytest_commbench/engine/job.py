@@ -116,7 +116,7 @@ def run_job(plan: Plan, artifact: Path, job_dir: Path, timed: bool,
         argv = sandbox.wrap(job_dir, argv, env, hide=hidden(settings))
     obs_settings = observer.Settings(
         reps=settings.reps, max_reps=settings.max_reps, timing_budget=settings.timing_budget,
-        warmup=settings.warmup, wall_s=settings.wall_s, rtol=task.check.rtol,
+        warmup=settings.warmup, wall_s=settings.timing_wall, rtol=task.check.rtol,
         atol=task.check.atol)
     rng = np.random.default_rng(job_seed(settings.seed, job_dir))
     # batches of calls: Python solutions on the host backend; on a GPU (a device buffer set,
