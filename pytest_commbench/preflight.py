@@ -37,7 +37,8 @@ def refusals(config: pytest.Config, state: Any) -> list[str]:
         profile = getattr(platform, "profile", None)
         what = f"{profile.model} GPUs" if profile is not None else "devices"
         lines.append(f"{where}: platform {platform.name} needs {what}, and none is visible on "
-                     f"this machine{_visibility_hint()}; --platform=auto (the default) runs "
+                     f"this machine{_visibility_hint(getattr(profile, 'vendor', 'nvidia'))}; "
+                     "--platform=auto (the default) runs "
                      "what this machine has")
     key = _missing_key(config, state)
     if key:
@@ -45,7 +46,17 @@ def refusals(config: pytest.Config, state: Any) -> list[str]:
     return lines
 
 
-def _visibility_hint() -> str:
+def _visibility_hint(vendor: str = "nvidia") -> str:
+    if vendor == "amd":
+        from .platforms import amd
+
+        found = amd.kfd_gpus()
+        set_ = [f"{n}={os.environ[n]!r}" for n in ("ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES")
+                if n in os.environ]
+        if not found:
+            return f" (no AMD GPU in the kernel's KFD topology, {amd.KFD_NODES})"
+        return (f" (the KFD topology has {', '.join(sorted({g.model for g in found}))}"
+                + (f"; {', '.join(set_)}" if set_ else "") + ")")
     hidden = os.environ.get("CUDA_VISIBLE_DEVICES")
     return f" (CUDA_VISIBLE_DEVICES={hidden!r})" if hidden is not None else ""
 

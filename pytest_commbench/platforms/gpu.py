@@ -29,6 +29,7 @@ from ..leases import lease
 from ..profiles import DISTINCT, PROFILES, GpuProfile
 from ..rank.protocol import ENV_RANK_CPUS
 from ..tasks import Task
+from . import amd
 from .base import Platform
 
 # NVLink multicast (NVLS) stays off: a program using it can take a shared host's GPUs out of
@@ -130,8 +131,10 @@ def detect() -> str | None:
                 if profile.model == "H200" and "GH200" in gpu["name"]:
                     continue
                 return profile.name
-    if shutil.which("rocm-smi") and "MI325X" in _run(["rocm-smi", "--showproductname"]):
-        return "mi325x"
+    for gpu in amd.kfd_gpus():
+        for profile in PROFILES.values():
+            if profile.vendor == "amd" and profile.model == gpu.model:
+                return profile.name
     return None
 
 
@@ -216,6 +219,8 @@ class GpuPlatform(Platform):
         return have - {DISTINCT} if self.shared(world) else have
 
     def visible_gpus(self) -> int:
+        if self.profile.vendor == "amd":  # the KFD topology's, as ROCR/HIP_VISIBLE_DEVICES leave them
+            return sum(1 for g in amd.visible(amd.kfd_gpus()) if g.model == self.profile.model)
         if self.profile.vendor != "nvidia":
             return 0
         gpus = [g for g in nvidia_gpus() if self.profile.model in g["name"]]
@@ -331,6 +336,8 @@ class GpuPlatform(Platform):
         return env
 
     def fingerprint(self) -> dict[str, Any]:
+        if self.profile.vendor == "amd":
+            return self._amd_fingerprint()
         info = super().fingerprint()
         gpus = nvidia_gpus()
         libs = find_cuda_libs()
@@ -354,4 +361,25 @@ class GpuPlatform(Platform):
             info["cupy"] = cupy.__version__
         except Exception:  # noqa: BLE001 - a fingerprint never fails a run
             info["cupy"] = "missing"
+        return info
+
+    def _amd_fingerprint(self) -> dict[str, Any]:
+        """The AMD machine as the KFD topology and ROCm's version file say (no program run)."""
+        info = super().fingerprint()
+        gpus = amd.visible(amd.kfd_gpus())
+        info.update({
+            "gpu": f"AMD {gpus[0].model}" if gpus else "none",
+            "gpu_count": len(gpus),
+            "gfx": gpus[0].gfx if gpus else "none",
+            "interconnect": self.interconnect,
+            "placement": self.placement(),
+        })
+        for version in (Path("/opt/rocm/.info/version"), Path("/opt/rocm/.info/version-dev")):
+            try:
+                info["rocm"] = version.read_text().strip()
+                break
+            except OSError:
+                continue
+        if len(gpus) > 1:
+            info["gpu0_gpu1_link"] = amd.link_matrix(gpus)[0][1]
         return info
