@@ -280,7 +280,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
     without a GPU): templates and references must build and pass `forbid`; mutants must build."""
     import tempfile
 
-    from .build import build_cuda
+    from .build import build_cuda, build_hip
     from .mutants import MutantError, mutants
     from .platforms import PROFILES
     from .verdicts import Rejected, Verdict
@@ -294,22 +294,26 @@ def cmd_compile(args: argparse.Namespace) -> int:
     tasks, failures = load_suite(root)
     from .build import THUNDERKITTENS_ENV, thunderkittens_include, uses_thunderkittens
 
+    profile = PROFILES[args.platform]
+    language = "hip" if profile.vendor == "amd" else "cuda"
+    build = build_hip if language == "hip" else build_cuda
     for task in tasks:
-        if task.language != "cuda" or (args.select and not any(
+        if task.language != language or (args.select and not any(
                 part in task.relpath for part in args.select)):
             continue
         if uses_thunderkittens(task) and thunderkittens_include() is None:
             print(f"{task.relpath:45s} skipped: no ThunderKittens headers ({THUNDERKITTENS_ENV})")
             continue
         ref_dir = refs / task.relpath
+        suffix = task.template.suffix
         sources = [("template", task.template.read_text),
-                   ("reference", (ref_dir / "solution.cu").read_text)]
-        sources += [(f"mutant {name}", load) for name, load in mutants(ref_dir, ".cu")]
+                   ("reference", (ref_dir / f"solution{suffix}").read_text)]
+        sources += [(f"mutant {name}", load) for name, load in mutants(ref_dir, suffix)]
         work += [(task, kind, read) for kind, read in sources]
 
     def one(n: int, task, kind: str, read) -> tuple[str, str | None]:
         try:  # side by side: each build works in a folder of its own
-            build_cuda(task, read(), cache, arch)
+            build(task, read(), cache, arch)
             return "ok", None
         except (OSError, MutantError) as exc:
             return f"missing: {exc}", f"{task.relpath} {kind}: missing: {exc}"

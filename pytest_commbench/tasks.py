@@ -31,7 +31,7 @@ LIBRARIES = (
 )
 DIFFICULTIES = ("easy", "medium", "hard")
 SETUPS = ("bare-metal", "library-based")
-LANGUAGES = {"python": ".py", "cuda": ".cu", "c++": ".cpp", "c": ".c"}
+LANGUAGES = {"python": ".py", "cuda": ".cu", "hip": ".hip", "c++": ".cpp", "c": ".c"}
 BETTER = ("higher", "lower")
 # how bytes are counted for bandwidth metrics, as nccl-tests does
 BYTES_RULES = ("busbw", "algbw", "none")

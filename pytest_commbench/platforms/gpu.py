@@ -24,7 +24,14 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from ..build import build_cuda, build_python, find_cuda_libs, thunderkittens_include
+from ..build import (
+    build_cuda,
+    build_hip,
+    build_python,
+    find_cuda_libs,
+    rocm_path,
+    thunderkittens_include,
+)
 from ..leases import lease
 from ..profiles import DISTINCT, PROFILES, GpuProfile
 from ..rank.protocol import ENV_RANK_CPUS
@@ -183,6 +190,8 @@ class GpuPlatform(Platform):
 
     def __init__(self, profile: GpuProfile) -> None:
         self.profile = profile
+        if profile.vendor == "amd":
+            self.backend, self.languages = "hip", ("hip",)
         self.name = profile.name
         self.vendor = profile.vendor
         self.compiler = profile.compiler
@@ -254,11 +263,15 @@ class GpuPlatform(Platform):
                     if gpus else f"no {self.profile.model} GPU on this machine")
         if task.language == "cuda" and not shutil.which(self.compiler):
             return f"compiler {self.compiler} not found"
+        if task.language == "hip" and rocm_path() is None and not shutil.which("clang++-19"):
+            return "no HIP compiler (ROCm's amdclang++, or Debian's clang-19)"
         if self.shared(world) and mps_control() is None:
             return "ranks share a GPU here, and the MPS control program is not installed"
         return super().skip_reason_common(task, world)
 
     def build(self, task: Task, source: str, cache_dir: Path):
+        if task.language == "hip":
+            return build_hip(task, source, cache_dir, self.profile.arch)
         if task.language == "cuda":
             return build_cuda(task, source, cache_dir, self.profile.arch)
         return build_python(task, source, cache_dir)
