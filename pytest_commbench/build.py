@@ -15,6 +15,7 @@ import re
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
 from pathlib import Path
@@ -335,23 +336,14 @@ def build_cuda(task: Task, source: str, cache_dir: Path, arch: str) -> Artifact:
     key = digest(CUDA_RECIPE_VERSION, arch, task.relpath, task.library, *task.requires, header,
                  _headers_digest(str(tk)) if tk else "", source)
     folder = cache_dir / key
-    lib = folder / "libsolution.so"
-    if not lib.exists():
-        folder.mkdir(parents=True, exist_ok=True)
-        # a folder of this build's own: runs and threads sharing a cache build side by side,
-        # and the first to finish puts the library in place
-        work = Path(tempfile.mkdtemp(prefix=".build-", dir=folder))
-        try:
-            src, tmp = work / "solution.cu", work / "libsolution.so"
-            src.write_text(source)
-            keep = work / "keep"
-            keep.mkdir()
-            _compile([*cuda_command(task, src, tmp, arch), "--keep", "--keep-dir", str(keep)],
-                     work)
-            (folder / DEVICE_FINDINGS).write_text("\n".join(device_forbidden(keep)))
-            tmp.replace(lib)
-        finally:
-            shutil.rmtree(work, ignore_errors=True)
+
+    def make(src: Path, tmp: Path, work: Path) -> None:
+        keep = work / "keep"
+        keep.mkdir()
+        _compile([*cuda_command(task, src, tmp, arch), "--keep", "--keep-dir", str(keep)], work)
+        (folder / DEVICE_FINDINGS).write_text("\n".join(device_forbidden(keep)))
+
+    lib = _built(folder, "solution.cu", source, make)
     try:
         found = (folder / DEVICE_FINDINGS).read_text().split()
     except OSError:  # a build from before the device-code check: look again
@@ -369,6 +361,26 @@ def build_cuda(task: Task, source: str, cache_dir: Path, arch: str) -> Artifact:
                        f"the built solution links what this task forbids: {', '.join(bad)}",
                        f"forbidden patterns: {', '.join(patterns)}")
     return Artifact(lib, key)
+
+
+def _built(folder: Path, name: str, source: str,
+           make: Callable[[Path, Path, Path], None]) -> Path:
+    """The library of a cached build folder, made by `make(source file, library, work folder)`
+    where it is not there yet: in a work folder of this build's own (runs and threads sharing a
+    cache build side by side, and the first to finish puts the library in place)."""
+    lib = folder / "libsolution.so"
+    if lib.exists():
+        return lib
+    folder.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=".build-", dir=folder))
+    try:
+        src, tmp = work / name, work / "libsolution.so"
+        src.write_text(source)
+        make(src, tmp, work)
+        tmp.replace(lib)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return lib
 
 
 def _compile(cmd: list[str], work: Path) -> None:
@@ -468,20 +480,12 @@ def build_hip(task: Task, source: str, cache_dir: Path, arch: str) -> Artifact:
     header = "".join(p.read_text() for p in sorted(INCLUDE_DIR.glob("*.h")))
     key = digest(HIP_RECIPE_VERSION, arch, "rocm" if rocm_path() else "debian", task.relpath,
                  task.library, *task.requires, header, source)
-    folder = Path(cache_dir) / key
-    lib = folder / "libsolution.so"
-    if not lib.exists():
-        folder.mkdir(parents=True, exist_ok=True)
-        work = Path(tempfile.mkdtemp(prefix=".build-", dir=folder))
-        try:
-            src, tmp = work / "solution.hip", work / "libsolution.so"
-            src.write_text(source)
-            _compile(hip_command(task, src, tmp, arch, Path(cache_dir)), work)
-            if f"amdgcn-amd-amdhsa--{arch}".encode() not in tmp.read_bytes():
-                raise Rejected(Verdict.INFRA_ERROR, f"the build has no {arch} code object")
-            tmp.replace(lib)
-        finally:
-            shutil.rmtree(work, ignore_errors=True)
+    def make(src: Path, tmp: Path, work: Path) -> None:
+        _compile(hip_command(task, src, tmp, arch, Path(cache_dir)), work)
+        if f"amdgcn-amd-amdhsa--{arch}".encode() not in tmp.read_bytes():
+            raise Rejected(Verdict.INFRA_ERROR, f"the build has no {arch} code object")
+
+    lib = _built(Path(cache_dir) / key, "solution.hip", source, make)
     bad = forbidden_uses(linked_names(lib), native_forbid(expand_forbid(task.forbid)))
     if bad:
         raise Rejected(Verdict.FORBIDDEN,
