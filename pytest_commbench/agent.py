@@ -281,12 +281,7 @@ class GeakAgent:
 
     # -- the kept steps ------------------------------------------------------------------------
     def _kept(self, root: Path) -> dict[int, Step]:
-        out = {}
-        for d in root.glob("[0-9][0-9]-*") if root.is_dir() else ():
-            number, _, role = d.name.partition("-")
-            if role in ROLES and (d / "reply.md").is_file():
-                out[int(number)] = Step(int(number), role, d)
-        return out
+        return kept_steps(root)
 
     def run(self, task: Task, world: int, candidate: Candidate, platform,
             settings) -> ItemResult:
@@ -486,3 +481,27 @@ def _write_json(path: Path, data: dict[str, Any]) -> None:
 def _feedback(record: dict[str, Any]) -> str:
     """The feedback of an evaluated iteration kept as its record."""
     return feedback(ItemResult.from_record(record))
+
+
+def kept_steps(root: Path) -> dict[int, Step]:
+    """The steps kept in an agent run's folder (`NN-<role>/` with its reply), by number."""
+    out = {}
+    for d in root.glob("[0-9][0-9]-*") if root.is_dir() else ():
+        number, _, role = d.name.partition("-")
+        if role in ROLES and (d / "reply.md").is_file():
+            out[int(number)] = Step(int(number), role, d)
+    return out
+
+
+def standing_answer(root: Path) -> Path | None:
+    """The reply an agent run stands by: its last step judged `kept` (a step's
+    verdict-np<W>.json says so), else its last step; None where it kept no step."""
+    steps = [step for _, step in sorted(kept_steps(root).items())]
+    for step in reversed(steps):
+        for verdict in step.folder.glob("verdict-np*.json"):
+            try:
+                if json.loads(verdict.read_text()).get("kept"):
+                    return step.folder / "reply.md"
+            except (OSError, ValueError):
+                continue
+    return steps[-1].folder / "reply.md" if steps else None

@@ -11,7 +11,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -407,21 +406,6 @@ def cmd_models(args: argparse.Namespace) -> int:
     return 0
 
 
-def _agent_answer(run: Path) -> Path | None:
-    """The reply an agent run stands by: its last step kept as the best answer (a step's
-    verdict-np<W>.json says `kept`), else its last step."""
-    steps = sorted((d for d in run.glob("[0-9][0-9]-*") if (d / "reply.md").is_file()),
-                   key=lambda d: int(d.name[:2]))
-    for step in reversed(steps):
-        for verdict in step.glob("verdict-np*.json"):
-            try:
-                if json.loads(verdict.read_text()).get("kept"):
-                    return step / "reply.md"
-            except (OSError, ValueError):
-                continue
-    return steps[-1] / "reply.md" if steps else None
-
-
 def cmd_export(args: argparse.Namespace) -> int:
     """A model's kept answers as the `dir:` layout: for every task, the last round's reply of
     sample 0 (or --sample) as DIR/<category>/<task>/reply.md, so another machine (the GPU
@@ -434,18 +418,14 @@ def cmd_export(args: argparse.Namespace) -> int:
         print(f"commbench export: no folder {root}", file=sys.stderr)
         return 2
     written = 0
+    from .agent import standing_answer
+    from .models.conversation import last_round_reply
+
     for sample in sorted(root.glob(f"*/*/s{args.sample}")):
-        if args.agent:
-            chosen = _agent_answer(sample / args.agent)
-            if chosen is None:
-                continue
-            name = f"{args.agent}/{chosen.parent.name}"
-        else:
-            rounds = sorted((d for d in sample.glob("r*") if (d / "reply.md").is_file()
-                             and d.name[1:].isdigit()), key=lambda d: int(d.name[1:]))
-            if not rounds:
-                continue
-            chosen, name = rounds[-1] / "reply.md", rounds[-1].name
+        chosen = standing_answer(sample / args.agent) if args.agent else last_round_reply(sample)
+        if chosen is None:
+            continue
+        name = f"{args.agent}/{chosen.parent.name}" if args.agent else chosen.parent.name
         task = sample.parent.relative_to(root)
         out = Path(args.dir) / task
         out.mkdir(parents=True, exist_ok=True)

@@ -22,7 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from .leaderboard import Board, Entry, anatomy_columns, fingerprint_line, leaderboard_rows
-from .report import model_colours
+from .models.conversation import last_round_reply, sample_folder
+from .report import _num, _pct, model_colours
 from .scoring import outcomes, record_band
 
 STYLE = """
@@ -74,14 +75,6 @@ def _e(x: Any) -> str:
     return html.escape("" if x is None else str(x))
 
 
-def _num(x: float | None, digits: int = 3) -> str:
-    return "-" if x is None else f"{x:.{digits}f}"
-
-
-def _pct(x: float | None) -> str:
-    return "-" if x is None else f"{100 * x:.1f}%"
-
-
 def _iv(lo: float | None, hi: float | None, pct: bool) -> str:
     if lo is None or hi is None:
         return ""
@@ -128,18 +121,13 @@ def _item(r: dict) -> str:
 # -- the reply ----------------------------------------------------------------------------------
 
 def reply_path(r: dict, replies: Callable[[dict], Path | None]) -> Path | None:
-    """The kept reply of a record's last round (`<replies>/<model>/<task>/s<k>/r<n>/reply.md`)."""
+    """The kept reply of a record's last round."""
     root = replies(r)
     if root is None or not r.get("task"):
         return None
-    from .models.conversation import _safe
-
     cand = str(r.get("candidate") or "")
-    sample = cand if re.fullmatch(r"s\d+", cand) else "s0"
-    folder = root / _safe(str(r.get("model", ""))) / str(r["task"]) / sample
-    rounds = sorted((d for d in folder.glob("r*") if (d / "reply.md").is_file()
-                     and d.name[1:].isdigit()), key=lambda d: int(d.name[1:]))
-    return rounds[-1] / "reply.md" if rounds else None
+    sample = int(cand[1:]) if re.fullmatch(r"s\d+", cand) else 0
+    return last_round_reply(sample_folder(root, str(r.get("model", "")), str(r["task"]), sample))
 
 
 def highlight_reply(text: str) -> str:

@@ -345,6 +345,14 @@ def leaderboard_rows(board: Board) -> list[dict[str, Any]]:
     return rows
 
 
+#: the figures of pass rates: (file stem, title, the record fields they group by)
+RATE_FIGURES = (
+    ("fig1-pass-rate-by-difficulty", "Figure 1: pass rate by difficulty", ("difficulty",)),
+    ("fig3-pass-rate-by-category-and-library", "Figure 3: pass rate by category and by library",
+     ("category", "library")),
+)
+
+
 def passes_by(board: Board, key: str) -> dict[str, dict[str, tuple[int, int]]]:
     """Per entry, (passes, applicable tasks) of each value of `key`: the counts behind a
     figure's bars."""
@@ -355,8 +363,7 @@ def passes_by(board: Board, key: str) -> dict[str, dict[str, tuple[int, int]]]:
 def figure_counts(board: Board) -> dict[str, dict[str, dict[str, tuple[int, int]]]]:
     """Per figure of pass rates (its file stem), per group and entry: (passes, tasks)."""
     out = {}
-    for stem, keys in (("fig1-pass-rate-by-difficulty", ("difficulty",)),
-                       ("fig3-pass-rate-by-category-and-library", ("category", "library"))):
+    for stem, _title, keys in RATE_FIGURES:
         groups: dict[str, dict[str, tuple[int, int]]] = {}
         for key in keys:
             for label, by in passes_by(board, key).items():
@@ -602,10 +609,7 @@ def _tiers_note(board: Board) -> str:
 def figure_data(board: Board) -> list[tuple[str, str, dict[str, dict[str, float]], bool]]:
     """(file stem, title, {group: {entry: value}}, as percent) of Figures 1-3."""
     out = []
-    for stem, title, keys in (("fig1-pass-rate-by-difficulty", "Figure 1: pass rate by "
-                               "difficulty", ("difficulty",)),
-                              ("fig3-pass-rate-by-category-and-library", "Figure 3: pass rate "
-                               "by category and by library", ("category", "library"))):
+    for stem, title, keys in RATE_FIGURES:
         data: dict[str, dict[str, float]] = {}
         for key in keys:
             rates = pass_rate_by(board, key)

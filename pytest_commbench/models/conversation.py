@@ -40,6 +40,19 @@ def _safe(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("._") or "model"
 
 
+def sample_folder(replies: Path, model: str, task: str, sample: int) -> Path:
+    """Where a model's conversation about a task and sample is kept, below a runs folder's
+    `replies/`: `<model>/<category>/<task>/s<k>/` (its rounds `r1`, `r2`, ..., an agent run's
+    steps under the agent's label)."""
+    return Path(replies) / _safe(model) / task / f"s{sample}"
+
+
+def last_round_reply(sample: Path) -> Path | None:
+    """The reply of a conversation's last round (`r<n>/reply.md`), None where none is kept."""
+    rounds = [d for d in sample.glob("r*") if d.name[1:].isdigit() and (d / "reply.md").is_file()]
+    return max(rounds, key=lambda d: int(d.name[1:])) / "reply.md" if rounds else None
+
+
 class AskableModel(Model):
     """A model that answers prompts (`answer`); made by a `pytest_commbench_make_model` hook
     with the pytest config, from which the harness reads where its conversations are kept."""
@@ -96,7 +109,7 @@ class Conversation:
     @property
     def folder(self) -> Path:
         runs_dir = Path(self.model.place()["runs_dir"])
-        return runs_dir / "replies" / _safe(self.model.name) / self.task.relpath / f"s{self.sample}"
+        return sample_folder(runs_dir / "replies", self.model.name, self.task.relpath, self.sample)
 
     def prompt(self) -> str:
         return prompts.build(self.task, self.model.place().get("fingerprint", {}))
