@@ -108,6 +108,47 @@ def test_untimed_jobs_share_a_device_up_to_its_slots_and_a_whole_lease_waits_for
     p.join(10)
 
 
+def _hold_timed(folder, slots, whole, name, started, release):
+    with lease(1, 1, False, folder, slots=slots, whole=whole):
+        started.put((name, time.monotonic()))
+        release.wait(30)
+
+
+def test_leases_are_granted_in_the_order_asked_so_a_whole_lease_is_not_starved(tmp_path, ctx):
+    """An untimed job holds one of the GPU's two slots; a timed (whole) lease asks next, then
+    another untimed one: the free slot is not taken from under the whole lease (it goes first,
+    once the holder is done), and a queued asker killed while waiting holds nobody up."""
+    started, release = ctx.Queue(), ctx.Event()
+    holder = ctx.Process(target=_hold_timed, args=(tmp_path, 2, False, "holder", started, release))
+    holder.start()
+    assert started.get(timeout=10)[0] == "holder"
+    dead = ctx.Process(target=_hold_timed, args=(tmp_path, 2, True, "dead", started, ctx.Event()))
+    dead.start()
+    time.sleep(0.6)  # queued behind nobody but the holder's devices
+    go = ctx.Event()
+    timed = ctx.Process(target=_hold_timed, args=(tmp_path, 2, True, "timed", started, go))
+    timed.start()
+    time.sleep(0.6)
+    untimed = ctx.Process(target=_hold_timed, args=(tmp_path, 2, False, "untimed", started, go))
+    untimed.start()
+    time.sleep(0.6)
+    dead.kill()
+    dead.join(10)
+    time.sleep(0.6)
+    # slot 1 is free, yet the untimed asker waits its turn behind the timed one
+    assert started.empty()
+    release.set()
+    holder.join(10)
+    first = started.get(timeout=10)
+    assert first[0] == "timed"
+    time.sleep(0.6)
+    assert started.empty()  # the timed lease holds both slots
+    go.set()
+    assert started.get(timeout=10)[0] == "untimed"
+    for p in (timed, untimed):
+        p.join(10)
+    assert not list((tmp_path / "queue").glob("*.ticket"))  # every ticket given back
+
 def test_ranks_are_pinned_to_distinct_cpus_near_their_gpu():
     from pytest_commbench.platforms.gpu import parse_cpulist, rank_cpus
 
