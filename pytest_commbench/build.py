@@ -93,6 +93,26 @@ def expand_forbid(patterns) -> tuple[str, ...]:
     return tuple(dict.fromkeys(out))
 
 
+def hip_on_cuda_forbid(patterns: tuple[str, ...]) -> tuple[str, ...]:
+    """A HIP task's forbid patterns as they read once the HIP->CUDA header has turned its HIP
+    and RCCL names into CUDA's and NCCL's (`hipMemcpy*` forbids `cudaMemcpy*` too): the
+    built solution links, and the guards see, only the CUDA names."""
+    out = list(patterns)
+    for p in patterns:
+        for hip, cuda in (("hip", "cuda"), ("rccl", "nccl"), ("librccl", "libnccl"),
+                          ("libamdhip64", "libcudart")):
+            if p.startswith(hip):
+                out.append(cuda + p[len(hip):])
+    return tuple(dict.fromkeys(out))
+
+
+def task_forbid(task: Task, on_cuda: bool) -> tuple[str, ...]:
+    """The task's forbid patterns (groups spelt out) for a build or a job on a CUDA device
+    (`on_cuda`) or elsewhere."""
+    patterns = expand_forbid(task.forbid)
+    return hip_on_cuda_forbid(patterns) if task.language == "hip" and on_cuda else patterns
+
+
 def forbidden_uses(names: set[str], patterns: tuple[str, ...]) -> list[str]:
     return sorted({n for n in names for p in patterns if fnmatchcase(n, p)})
 
@@ -129,6 +149,11 @@ def build_python(task: Task, source: str, cache_dir: Path) -> Artifact:
 
 CUDA_RECIPE_VERSION = "cu-2"
 INCLUDE_DIR = Path(__file__).parent / "include"
+# HIP on an NVIDIA GPU (platform h200-hip): the project's HIP->CUDA header, first on nvcc's
+# include path; and, for AMD builds on a machine without RCCL's headers, declarations of the
+# part of RCCL's API the tasks use (the library itself is then resolved where the task runs)
+HIP_ON_CUDA_DIR = INCLUDE_DIR / "hip_on_cuda"
+RCCL_DECLARATIONS_DIR = INCLUDE_DIR / "rccl_declarations"
 COMPILE_TIMEOUT_S = 300
 # NVLink multicast instructions: never allowed on these machines (a fault in them can take a
 # shared GPU out of service); found in the device code the compiler generated, so no spelling
@@ -271,7 +296,8 @@ def nvml_library() -> Path | None:
 
 
 def cuda_command(task: Task, source: Path, output: Path, arch: str) -> list[str]:
-    """The hidden recipe: flags, include and library paths are the harness's, never the model's."""
+    """The hidden recipe: flags, include and library paths are the harness's, never the model's.
+    A HIP task is compiled as CUDA with the HIP->CUDA header first on the include path."""
     libs = find_cuda_libs()
     uses = {task.library, *task.requires}
     std = "-std=c++17"
@@ -281,8 +307,11 @@ def cuda_command(task: Task, source: Path, output: Path, arch: str) -> list[str]
         std = "-std=c++20"
         arch = arch + "a" if arch == "sm_90" else arch
     cmd = [os.environ.get("COMMBENCH_NVCC", "nvcc"), "-O3", std, f"-arch={arch}",
-           "-Xcompiler", "-fPIC", "-shared", "-cudart", "shared", "-lineinfo",
-           "-I", str(INCLUDE_DIR)]
+           "-Xcompiler", "-fPIC", "-shared", "-cudart", "shared", "-lineinfo"]
+    if task.language == "hip":
+        cmd += ["-x", "cu", "-I", str(HIP_ON_CUDA_DIR)]
+        uses = uses | ({"nccl"} if "rccl" in uses else set())
+    cmd += ["-I", str(INCLUDE_DIR)]
     if tk is not None:
         cmd += ["-I", str(tk), "-DKITTENS_HOPPER", "--expt-relaxed-constexpr",
                 "--expt-extended-lambda"]
@@ -333,8 +362,10 @@ def build_cuda(task: Task, source: str, cache_dir: Path, arch: str) -> Artifact:
     if uses_thunderkittens(task) and tk is None:
         raise Rejected(Verdict.INFRA_ERROR, "the ThunderKittens headers are not here: set "
                        f"{THUNDERKITTENS_ENV} (or --commbench-thunderkittens) to their folder")
-    key = digest(CUDA_RECIPE_VERSION, arch, task.relpath, task.library, *task.requires, header,
-                 _headers_digest(str(tk)) if tk else "", source)
+    if task.language == "hip":
+        header += "".join(p.read_text() for p in sorted(HIP_ON_CUDA_DIR.rglob("*.h")))
+    key = digest(CUDA_RECIPE_VERSION, arch, task.relpath, task.language, task.library,
+                 *task.requires, header, _headers_digest(str(tk)) if tk else "", source)
     folder = cache_dir / key
 
     def make(src: Path, tmp: Path, work: Path) -> None:
@@ -343,7 +374,8 @@ def build_cuda(task: Task, source: str, cache_dir: Path, arch: str) -> Artifact:
         _compile([*cuda_command(task, src, tmp, arch), "--keep", "--keep-dir", str(keep)], work)
         (folder / DEVICE_FINDINGS).write_text("\n".join(device_forbidden(keep)))
 
-    lib = _built(folder, "solution.cu", source, make)
+    lib = _built(folder, "solution" + (".hip" if task.language == "hip" else ".cu"), source,
+                 make)
     try:
         found = (folder / DEVICE_FINDINGS).read_text().split()
     except OSError:  # a build from before the device-code check: look again
@@ -354,7 +386,7 @@ def build_cuda(task: Task, source: str, cache_dir: Path, arch: str) -> Artifact:
                        f"the device code uses NVLink multicast ({', '.join(found)}), which is "
                        f"never allowed", "PTX instructions forbidden on every task: "
                        + ", ".join(DEVICE_FORBIDDEN))
-    patterns = native_forbid(expand_forbid(task.forbid))
+    patterns = native_forbid(task_forbid(task, on_cuda=True))
     bad = forbidden_uses(linked_names(lib), patterns)
     if bad:
         raise Rejected(Verdict.FORBIDDEN,
@@ -467,11 +499,27 @@ def hip_command(task: Task, source: Path, output: Path, arch: str, cache_dir: Pa
     else:
         cmd = ["clang++-19", "-x", "hip", f"--offload-arch={arch}", "--rocm-path=/usr",
                f"--rocm-device-lib-path={hip_device_libs(arch, cache_dir)}"]
-    cmd += ["-O3", "-std=c++17", "-fPIC", "-shared", "-I", str(INCLUDE_DIR), "-o", str(output),
-            str(source), "-lamdhip64"]
+    cmd += ["-O3", "-std=c++17", "-fPIC", "-shared", "-I", str(INCLUDE_DIR)]
     if "rccl" in {task.library, *task.requires}:
-        cmd += ["-lrccl"]
-    return cmd
+        found = rccl_library(rocm)
+        if found is None:  # build here, resolve RCCL where the task runs
+            cmd += ["-I", str(RCCL_DECLARATIONS_DIR)]
+        cmd += ["-o", str(output), str(source), "-lamdhip64"]
+        if found is not None:
+            cmd += [f"-L{found.parent}", "-lrccl", f"-Wl,-rpath,{found.parent}"]
+        return cmd
+    return [*cmd, "-o", str(output), str(source), "-lamdhip64"]
+
+
+def rccl_library(rocm: Path | None) -> Path | None:
+    """RCCL's library where its headers are installed too (ROCm's, else a distribution's)."""
+    for root in ([rocm] if rocm else []) + [Path("/usr")]:
+        if not (root / "include" / "rccl" / "rccl.h").exists():
+            continue
+        for lib in ("lib", "lib64", "lib/x86_64-linux-gnu"):
+            if (root / lib / "librccl.so").exists():
+                return root / lib / "librccl.so"
+    return None
 
 
 def build_hip(task: Task, source: str, cache_dir: Path, arch: str) -> Artifact:
@@ -482,11 +530,12 @@ def build_hip(task: Task, source: str, cache_dir: Path, arch: str) -> Artifact:
                  task.library, *task.requires, header, source)
     def make(src: Path, tmp: Path, work: Path) -> None:
         _compile(hip_command(task, src, tmp, arch, Path(cache_dir)), work)
-        if f"amdgcn-amd-amdhsa--{arch}".encode() not in tmp.read_bytes():
+        data = tmp.read_bytes()  # (a solution of host code only, as an RCCL call, has none)
+        if b"amdgcn-amd-amdhsa--" in data and f"amdgcn-amd-amdhsa--{arch}".encode() not in data:
             raise Rejected(Verdict.INFRA_ERROR, f"the build has no {arch} code object")
 
     lib = _built(Path(cache_dir) / key, "solution.hip", source, make)
-    bad = forbidden_uses(linked_names(lib), native_forbid(expand_forbid(task.forbid)))
+    bad = forbidden_uses(linked_names(lib), native_forbid(task_forbid(task, on_cuda=False)))
     if bad:
         raise Rejected(Verdict.FORBIDDEN,
                        f"the built solution links what this task forbids: {', '.join(bad)}")

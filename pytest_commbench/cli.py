@@ -284,7 +284,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
     from .platforms import PROFILES
     from .verdicts import Rejected, Verdict
 
-    arch = PROFILES[args.platform].arch
+    arch = args.arch or PROFILES[args.platform].arch
     root, refs = Path(args.suites), Path(args.references)
     failures: list[str] = []
     # --cache: the folder a run's --commbench-build-cache names, filled ahead of the run
@@ -294,8 +294,10 @@ def cmd_compile(args: argparse.Namespace) -> int:
     from .build import THUNDERKITTENS_ENV, thunderkittens_include, uses_thunderkittens
 
     profile = PROFILES[args.platform]
-    language = "hip" if profile.vendor == "amd" else "cuda"
-    build = build_hip if language == "hip" else build_cuda
+    # what the profile compiles: HIP for gfx942 on mi325x, HIP through the HIP->CUDA header on
+    # h200-hip, CUDA on the NVIDIA profiles (their Python tasks need no build)
+    language = "hip" if "hip" in profile.languages else "cuda"
+    build = build_hip if profile.vendor == "amd" else build_cuda
     for task in tasks:
         if task.language != language or (args.select and not any(
                 part in task.relpath for part in args.select)):
@@ -492,10 +494,13 @@ def main(argv: list[str] | None = None) -> int:
     inc.add_argument("--title", required=True)
     inc.add_argument("--command", required=True, help="the command whose output it is")
     inc.set_defaults(func=cmd_include)
-    cmp_ = sub.add_parser("compile", help="build every CUDA template, reference and mutant")
+    cmp_ = sub.add_parser("compile", help="build every CUDA (or HIP) template, reference and "
+                                          "mutant")
     cmp_.add_argument("suites", nargs="?", default="suites")
     cmp_.add_argument("--references", default="references")
     cmp_.add_argument("--platform", default="h200", help="profile whose architecture to build for")
+    cmp_.add_argument("--arch", help="another architecture of the profile's vendor (gfx90a, "
+                                     "sm_100a, ...) to build for instead of the profile's")
     cmp_.add_argument("--cache", help="keep the builds in this folder (a run's "
                                        "--commbench-build-cache) instead of a throw-away one")
     cmp_.add_argument("-j", "--jobs", type=int, default=os.cpu_count() or 1,

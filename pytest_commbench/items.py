@@ -241,7 +241,7 @@ def describe(record: dict[str, Any], headline: str) -> str:
 SUMMARY_KEYS = ("nodeid", "task", "title", "category", "library", "difficulty", "setup", "world",
                 "model", "candidate", "kind", "verdict", "message", "speedup", "speedup_se",
                 "timing_rounds", "timing_trust", "timing_stopped", "speedup_ci90", "host_load",
-                "check_only", "commbench_version", "task_hash", "replayed", "price_source",
+                "check_only", "compile_only", "commbench_version", "task_hash", "replayed", "price_source",
                 "band", "sizes", "rounds", "round", "round_history", "agent", "agent_calls",
                 "agent_restarts", "agent_kept", "agent_first",
                 "cost", "tokens_in", "tokens_out", "seed", "run")

@@ -33,13 +33,13 @@ def refusals(config: pytest.Config, state: Any) -> list[str]:
     name, where = lookup(config, "platform")
     visible = getattr(platform, "visible_gpus", None)
     if visible is not None and given(config, "platform") and str(name) != "auto" \
-            and visible() == 0:
+            and visible() == 0 and not setting(config, "compile_only"):
         profile = getattr(platform, "profile", None)
         what = f"{profile.model} GPUs" if profile is not None else "devices"
         lines.append(f"{where}: platform {platform.name} needs {what}, and none is visible on "
                      f"this machine{_visibility_hint(getattr(profile, 'vendor', 'nvidia'))}; "
-                     "--platform=auto (the default) runs "
-                     "what this machine has")
+                     "--platform=auto (the default) runs what this machine has, and "
+                     "--commbench-compile-only builds for it without running")
     key = _missing_key(config, state)
     if key:
         lines.append(key)

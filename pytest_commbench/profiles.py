@@ -24,6 +24,10 @@ class GpuProfile:
     interconnect: str
     model: str  # substring of the GPU's marketing name that identifies it
     features: frozenset[str]
+    # the languages its tasks are written in (what the platform builds), and whether
+    # --platform=auto may pick it on a machine with its GPUs
+    languages: tuple[str, ...] = ("cuda", "python")
+    detected: bool = True
 
 
 PROFILES = {
@@ -36,7 +40,14 @@ PROFILES = {
     "gh200": GpuProfile("gh200", "nvidia", "sm_90", "nvcc", 1, "nvlink-c2c", "GH200",
                         frozenset({"sm_90", "nccl", "nvshmem", "cupy", DISTINCT})),
     "mi325x": GpuProfile("mi325x", "amd", "gfx942", "hipcc", 8, "xgmi", "MI325X",
-                         frozenset({"xgmi", "rccl", "hip-ipc"})),
+                         frozenset({"xgmi", "rccl", "hip-ipc", "hip-fine-grained"}),
+                         languages=("hip",)),
+    # HIP tasks on an H200 through the project's HIP->CUDA header (include/hip_on_cuda): a
+    # check of their host logic and kernels' results, never an AMD result (no wave64, no AMD
+    # atomic scopes or fine-grained memory, no xGMI); only where asked for by name
+    "h200-hip": GpuProfile("h200-hip", "nvidia", "sm_90", "nvcc", 8, "nvlink", "H200",
+                           frozenset({"hip-ipc", "rccl", DISTINCT}), languages=("hip",),
+                           detected=False),
 }
 
 NAMES = ("cpu", *PROFILES)

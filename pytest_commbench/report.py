@@ -66,7 +66,8 @@ def _task_rows(records: list[dict]) -> list[list[str]]:
     for r in sorted(records, key=lambda r: r["nodeid"]):
         per_size = " ".join(f"{s['count']}:{s['speedup']:.2f}" for s in r.get("sizes", []))
         se = r.get("speedup_se")
-        speed = "check only" if r.get("check_only") and r["verdict"] == Verdict.PASS else \
+        speed = "compile only" if r.get("compile_only") and r["verdict"] == Verdict.PASS else \
+            "check only" if r.get("check_only") and r["verdict"] == Verdict.PASS else \
             _num(r.get("speedup"))
         rows.append([
             r["task"], r.get("world", ""), r["verdict"], speed,

@@ -192,6 +192,10 @@ SAMPLES_DESC = ("independent answers per task (each an item, e.g. [np2-s1]); pas
 TEMPERATURE_DESC = "sampling temperature (default: the registry's, else the provider's)"
 CHECK_ONLY_DESC = ("correctness only: every item's trials and checked repetitions, no reference "
                   "job and no timing (passes have no speedup)")
+COMPILE_ONLY_DESC = ("build each answer with the platform's hidden recipe and stop there: a "
+                    "compile error or a forbidden symbol is the verdict, a build is a pass "
+                    "marked compile-only; no GPU needed (e.g. --platform=mi325x builds for "
+                    "gfx942 on any machine)")
 AGENT_DESC = ("agent mode: geak (generate, evaluate, reflect on a failure, optimize a pass), or "
               "a registered agent; each sample is one agent run, --commbench-rounds bounds "
               "its evaluated iterations (default: off, direct prompting)")
@@ -225,6 +229,7 @@ OPTIONS: list[Option] = [
     Option("max_reps", count, 200, MAX_REPS_DESC),
     Option("timing_wall", nonnegative_seconds, 2.5, WALL_DESC),
     Option("check_only", _flag, False, CHECK_ONLY_DESC, flag=True),
+    Option("compile_only", _flag, False, COMPILE_ONLY_DESC, flag=True),
     Option("keep", _flag, False, KEEP_DESC, flag=True),
     Option("shared_node", _flag, False, SHARED_NODE_DESC, flag=True),
     Option("ranks_per_gpu", positive_count, 1, RANKS_PER_GPU_DESC),
@@ -252,7 +257,7 @@ OPTIONS: list[Option] = [
 #: `pytest --help` lists the options in these groups, in this order (the rest under "run")
 GROUPS: dict[str, tuple[str, tuple[str, ...]]] = {
     "run": ("what runs, and where its results go", (
-        "model", "platform", "seed", "check_only", "timeout", "runs_dir", "scratch",
+        "model", "platform", "seed", "check_only", "compile_only", "timeout", "runs_dir", "scratch",
         "build_cache", "resume", "keep", "unsandboxed")),
     "models": ("asking models (registry models, openai:ID, anthropic:ID)", (
         "rounds", "samples", "temperature", "budget_usd", "base_url", "models_file",
@@ -563,6 +568,8 @@ def create(config: pytest.Config) -> CommbenchState:
                 f"{per_gpu_where}: ranks per GPU is a placement of GPU platforms; platform "
                 f"{platform.name} has no GPUs")
         platform.place(int(per_gpu), int(lookup(config, "jobs_per_gpu")[0]))
+    if lookup(config, "compile_only")[0]:
+        platform.compile_only = True  # nothing runs: a platform without its devices still builds
     tk, tk_where = lookup(config, "thunderkittens")
     if tk:
         from .build import THUNDERKITTENS_ENV, thunderkittens_include

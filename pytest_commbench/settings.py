@@ -23,6 +23,7 @@ class RunSettings:
     rounds: int = 1  # model generations per task at most (refinement rounds)
     budget_usd: float | None = None  # ... and none once the task's answers cost this much
     check_only: bool = False  # correctness only: no reference job, no timing
+    compile_only: bool = False  # the build only: nothing runs
     timing_rounds: int = 2  # interleaved reference/solution rounds at least ...
     timing_max_rounds: int = 6  # ... and at most, while the speedup is less precise than
     timing_precision: float = 0.03  # this (standard error of its log, from the jobs' scatter)

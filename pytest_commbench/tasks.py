@@ -27,7 +27,7 @@ MANIFEST = "task.toml"
 CATEGORIES = ("p2p", "collective", "ep", "fusion", "utility")
 LIBRARIES = (
     "cuda-runtime", "nccl", "nccl-device", "nvshmem", "ibverbs", "mscclpp", "deepep",
-    "thunderkittens", "vllm", "sglang", "cupy", "torch", "mpi",
+    "thunderkittens", "vllm", "sglang", "cupy", "torch", "mpi", "hip-runtime", "rccl",
 )
 DIFFICULTIES = ("easy", "medium", "hard")
 SETUPS = ("bare-metal", "library-based")

@@ -78,6 +78,12 @@ def _run(task: Task, world: int, candidate: Candidate, platform: Platform, setti
     settings.work.mkdir(parents=True, exist_ok=True)
     (settings.work / f"solution{task.suffix}").write_text(solution)
     artifact = platform.build(task, solution, settings.cache)
+    if settings.compile_only:
+        result.compile_only = True
+        result.verdict = Verdict.PASS
+        result.message = f"built for {getattr(platform, 'profile', platform).name} " \
+                         "(compile only: not run)"
+        return
 
     timed = candidate.kind == "solution" and not settings.check_only
     if candidate.kind == "solution" and settings.check_only:

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from .. import cupti_guard, interposer, observer, sandbox
-from ..build import ALWAYS_FORBIDDEN_C, expand_forbid, native_forbid
+from ..build import ALWAYS_FORBIDDEN_C, native_forbid, task_forbid
 from ..launch import Job, find_mpiexec, mpi_env
 from ..rank import protocol
 from ..settings import Settings
@@ -47,16 +47,17 @@ def hidden(settings: Settings) -> list[Path]:
     return [t for t in trees if t and Path(t).resolve() != Path("/")]
 
 
-def interposer_for(task: Task, settings: Settings) -> Path | None:
+def interposer_for(task: Task, settings: Settings, on_cuda: bool = True) -> Path | None:
     """The preloaded library that ends a rank calling what the task forbids (None where the
-    task forbids nothing or the machine cannot build it)."""
+    task forbids nothing or the machine cannot build it); `on_cuda`: the job runs on a CUDA
+    device (a HIP task's HIP names are then CUDA's)."""
     uses = {task.library, *task.requires}
-    libs = interposer.default_libraries(find_mpiexec(), nccl=bool(uses & {"nccl", "nccl-device"}),
-                                        nvshmem="nvshmem" in uses)
-    patterns = tuple(dict.fromkeys((*expand_forbid(task.forbid), *ALWAYS_FORBIDDEN_C)))
+    nccl = bool(uses & {"nccl", "nccl-device"}) or ("rccl" in uses and on_cuda)
+    libs = interposer.default_libraries(find_mpiexec(), nccl=nccl, nvshmem="nvshmem" in uses)
+    patterns = tuple(dict.fromkeys((*task_forbid(task, on_cuda), *ALWAYS_FORBIDDEN_C)))
     # a compiled solution cannot call mpi4py (the Python C API is forbidden to it): MPI calls
     # from mpi4py's extension are the harness's own (its host helpers, its own set-up)
-    trusted = interposer.mpi4py_folders() if task.language == "cuda" else ()
+    trusted = interposer.mpi4py_folders() if task.language in ("cuda", "hip") else ()
     return interposer.build_interposer(patterns, libs, settings.cache / "guard", trusted)
 
 
@@ -64,9 +65,9 @@ def cupti_guard_for(task: Task, settings: Settings) -> Path | None:
     """The library each rank of a CUDA task arms before loading the solution: a CUDA runtime
     or driver function the task forbids, called from the solution's code however its address
     was found, ends the rank (None where the task forbids none or CUPTI is missing)."""
-    if task.language != "cuda" or not task.forbid:
+    if task.language not in ("cuda", "hip") or not task.forbid:
         return None
-    patterns = native_forbid(expand_forbid(task.forbid))
+    patterns = native_forbid(task_forbid(task, on_cuda=True))
     return cupti_guard.build_cupti_guard(
         patterns, settings.cache / "cupti",
         trusted=cupti_guard.trusted_for({task.library, *task.requires}))
@@ -101,12 +102,13 @@ def run_job(plan: Plan, artifact: Path, job_dir: Path, timed: bool,
            # compile caches of the job's own (a shared one could carry a solution's kernels
            # into the reference's jobs); the rest of the filesystem is read-only
            "CUPY_CACHE_DIR": str(scratch / ".cupy"), "CUDA_CACHE_PATH": str(scratch / ".nv")}
-    preload = interposer_for(task, settings)
+    on_cuda = platform.backend == "cuda"
+    preload = interposer_for(task, settings, on_cuda)
     if preload is not None:
         staged = job_dir / "ro" / preload.name
         shutil.copyfile(preload, staged)
         env["LD_PRELOAD"] = ":".join(p for p in (str(staged), env.get("LD_PRELOAD")) if p)
-    watch = cupti_guard_for(task, settings)
+    watch = cupti_guard_for(task, settings) if on_cuda else None
     if watch is not None:  # loaded and armed by each rank, before the solution
         staged = job_dir / "ro" / watch.name
         shutil.copyfile(watch, staged)

@@ -10,7 +10,7 @@ from typing import Any
 from ..verdicts import Verdict
 
 #: optional fields: written only where they were measured or said
-OPTIONAL = ("check_only", "price_source", "speedup_se", "speedup_ci90", "timing_trust",
+OPTIONAL = ("check_only", "compile_only", "price_source", "speedup_se", "speedup_ci90", "timing_trust",
             "host_load", "timing_rounds", "timing_stopped", "untimed_phases_us", "job_phases_s")
 
 
@@ -69,6 +69,7 @@ class ItemResult:
     speedup: float | None = None
     sizes: list[dict[str, Any]] = field(default_factory=list)
     check_only: bool | None = None
+    compile_only: bool | None = None
     speedup_se: float | None = None
     speedup_ci90: list[float] | None = None
     timing_trust: str | None = None

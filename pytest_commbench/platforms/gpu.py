@@ -134,6 +134,8 @@ def detect() -> str | None:
     gpus = nvidia_gpus()
     for gpu in gpus:
         for profile in PROFILES.values():
+            if not profile.detected:
+                continue
             if profile.vendor == "nvidia" and profile.model in gpu["name"].replace("NVIDIA ", ""):
                 if profile.model == "H200" and "GH200" in gpu["name"]:
                     continue
@@ -190,8 +192,9 @@ class GpuPlatform(Platform):
 
     def __init__(self, profile: GpuProfile) -> None:
         self.profile = profile
+        self.languages = profile.languages
         if profile.vendor == "amd":
-            self.backend, self.languages = "hip", ("hip",)
+            self.backend = "hip"
         self.name = profile.name
         self.vendor = profile.vendor
         self.compiler = profile.compiler
@@ -244,6 +247,12 @@ class GpuPlatform(Platform):
         if task.language not in self.languages:
             return f"platform {self.name} does not build {task.language}"
         missing = sorted(set(task.requires) - self.features(world))
+        if self.compile_only:  # what the build needs, not what a run would
+            missing = [m for m in missing if m in ("thunderkittens",)]
+        if self.backend == "hip" and not self.compile_only:
+            return ("the ranks have no AMD device backend yet (nothing has run on an AMD GPU): "
+                    "--commbench-compile-only builds each answer for "
+                    f"{self.profile.arch} and stops there")
         if missing == [DISTINCT]:
             return (f"needs a GPU per rank (its contract is about distinct devices); ranks "
                     f"share GPUs here (--commbench-ranks-per-gpu={self.ranks_per_gpu})")
@@ -255,24 +264,25 @@ class GpuPlatform(Platform):
         if missing:
             return f"platform {self.name} lacks {', '.join(missing)}"
         gpus, need = self.visible_gpus(), self.gpus_for(world)
-        if gpus < need:
+        if gpus < need and not self.compile_only:
             hint = ("" if self.ranks_per_gpu > 1 else
                     "; --commbench-ranks-per-gpu=N places N ranks on one GPU (correctness "
                     "only)")
             return (f"needs {need} {self.profile.model} GPUs, this machine has {gpus}{hint}"
                     if gpus else f"no {self.profile.model} GPU on this machine")
-        if task.language == "cuda" and not shutil.which(self.compiler):
+        if self.vendor == "nvidia" and task.language in ("cuda", "hip") and \
+                not shutil.which(self.compiler):
             return f"compiler {self.compiler} not found"
-        if task.language == "hip" and rocm_path() is None and not shutil.which("clang++-19"):
+        if self.vendor == "amd" and rocm_path() is None and not shutil.which("clang++-19"):
             return "no HIP compiler (ROCm's amdclang++, or Debian's clang-19)"
-        if self.shared(world) and mps_control() is None:
+        if self.shared(world) and mps_control() is None and not self.compile_only:
             return "ranks share a GPU here, and the MPS control program is not installed"
         return super().skip_reason_common(task, world)
 
     def build(self, task: Task, source: str, cache_dir: Path):
-        if task.language == "hip":
+        if task.language == "hip" and self.profile.vendor == "amd":
             return build_hip(task, source, cache_dir, self.profile.arch)
-        if task.language == "cuda":
+        if task.language in ("cuda", "hip"):  # HIP on NVIDIA: through the HIP->CUDA header
             return build_cuda(task, source, cache_dir, self.profile.arch)
         return build_python(task, source, cache_dir)
 
@@ -364,6 +374,9 @@ class GpuPlatform(Platform):
             "interconnect": self.interconnect,
             "placement": self.placement(),
         })
+        if "hip" in self.languages:  # h200-hip: never to be read as an AMD result
+            info["hip"] = ("through the HIP->CUDA header on this NVIDIA GPU: a check of host "
+                           "logic and kernels' results, not of AMD hardware")
         topo = nvlink_topology()
         m = re.search(r"GPU0\s+X\s+(\S+)", topo)
         if m and len(gpus) > 1:  # (with one GPU the next column is its CPU affinity)

@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from .protocol import ENV_RANK_CPUS, poison_value
+from .protocol import ENV_RANK_CPUS, NATIVE_LANGUAGES, poison_value
 
 MAX_RANKS, MAX_BUFFERS, MAX_PARAMS = 16, 8, 8  # as in include/commbench.h
 # the host helpers carry set-up data (ids, handles, a few counts), never a task's payload
@@ -161,7 +161,7 @@ class GpuWorld:
         self.nccl_ptr = None
         self.nccl = None
         if "nccl" in fixtures:
-            if job.language == "cuda":
+            if job.language in NATIVE_LANGUAGES:
                 self.nccl_ptr = self._nccl_comm_c(job.nccl_lib)
             else:
                 from cupy.cuda import nccl

@@ -30,6 +30,7 @@ from .backends import make_backend
 from .protocol import (
     BATCH_SEP,
     ENV_GUARD_REPORT,
+    NATIVE_LANGUAGES,
     Control,
     JobSpec,
     W,
@@ -282,7 +283,7 @@ def run(job: JobSpec, rank: int, status: Status, link: Link) -> None:
     calls = Calls(link, backend, None)  # before the guard: it imports what it needs
     if gpu is not None and gpu.torch is not None:
         calls.wrap = gpu.torch.tensor  # torch tasks get their buffers as torch tensors
-    if job.language == "cuda":
+    if job.language in NATIVE_LANGUAGES:
         from .gpu import NativeSolution
 
         guard(job, rank, solution, scratch)
@@ -309,7 +310,7 @@ def arm_cupti(job: JobSpec):
     A guard that cannot be armed fails the rank before the solution is loaded (the
     harness's failure, never a run without it)."""
     path = os.environ.get("COMMBENCH_CUPTI_GUARD")
-    if not path or job.language != "cuda":
+    if not path or job.language not in NATIVE_LANGUAGES:
         return None
     lib = ctypes.CDLL(path)
     lib.commbench_guard_cupti_arm.argtypes = [ctypes.c_char_p]

@@ -85,6 +85,11 @@ MPS_STATE = "mps.json"
 JOB_FILE = "job.json"  # the job's spec, in its read-only folder
 
 
+#: languages whose solutions are compiled shared objects with the C entry `commbench_run`
+#: (HIP on a CUDA device is built through the HIP->CUDA header; its rank code is CUDA's)
+NATIVE_LANGUAGES = ("cuda", "hip")
+
+
 @dataclass(frozen=True)
 class JobSpec:
     """What the controller tells every rank of a job (`JOB_FILE`, written once before the

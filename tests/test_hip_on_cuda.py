@@ -1,0 +1,113 @@
+"""HIP tasks on an NVIDIA GPU (platform h200-hip): the project's HIP->CUDA header lets nvcc
+build a HIP solution, its HIP names become CUDA's (so a task's `hipMemcpy*` forbids the
+`cudaMemcpy*` the build links), the platform builds only HIP and is never what
+`--platform=auto` picks; and RCCL tasks build for gfx942 where RCCL's headers are missing."""
+
+from __future__ import annotations
+
+import shutil
+from types import SimpleNamespace
+
+import pytest
+
+from pytest_commbench.build import (
+    DEBIAN_DEVICE_LIBS,
+    build_cuda,
+    build_hip,
+    hip_on_cuda_forbid,
+    rocm_path,
+)
+from pytest_commbench.platforms import make
+from pytest_commbench.profiles import PROFILES
+from pytest_commbench.verdicts import Rejected, Verdict
+
+SOURCE = """
+#include <hip/hip_runtime.h>
+#include "commbench.h"
+__global__ void handshake(float* x, unsigned* flag, size_t n) {
+  size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+  if (i < n) x[i] += __shfl_xor(x[i], 1);
+  if (i == 0) {
+    __hip_atomic_store(flag, 1u, __ATOMIC_RELEASE, __HIP_MEMORY_SCOPE_SYSTEM);
+    while (__hip_atomic_load(flag, __ATOMIC_ACQUIRE, __HIP_MEMORY_SCOPE_SYSTEM) == 0u)
+      __builtin_amdgcn_s_sleep(1);
+  }
+}
+extern "C" int commbench_run(const commbench_ctx* ctx) {
+  hipStream_t s = (hipStream_t)ctx->stream;
+  size_t n = ctx->buffer_bytes[0] / sizeof(float);
+  hipLaunchKernelGGL(handshake, dim3((n + 255) / 256), dim3(256), 0, s,
+                     (float*)ctx->buffers[0], (unsigned*)ctx->workspace, n);
+  COPY
+  return hipGetLastError() == hipSuccess ? 0 : 1;
+}
+"""
+COPY = "hipMemcpyAsync(ctx->buffers[1], ctx->buffers[0], ctx->buffer_bytes[0], " \
+       "hipMemcpyDeviceToDevice, s);"
+RCCL = """
+#include <hip/hip_runtime.h>
+#include <rccl/rccl.h>
+#include "commbench.h"
+extern "C" int commbench_run(const commbench_ctx* ctx) {
+  ncclComm_t comm = (ncclComm_t)ctx->nccl_comm;
+  size_t n = ctx->buffer_bytes[0] / sizeof(float);
+  return ncclAllReduce(ctx->buffers[0], ctx->buffers[1], n, ncclFloat32, ncclSum, comm,
+                       (hipStream_t)ctx->stream) == ncclSuccess ? 0 : 1;
+}
+"""
+
+
+def _task(forbid=(), library="hip-runtime", requires=("hip-ipc",)):
+    return SimpleNamespace(relpath="collective/hip_probe", library=library,
+                           requires=tuple(requires), forbid=tuple(forbid), language="hip")
+
+
+def test_hip_names_in_forbid_patterns_also_forbid_the_cuda_names_they_become():
+    assert hip_on_cuda_forbid(("hipMemcpy*", "rccl*", "librccl*", "dlopen")) == (
+        "hipMemcpy*", "rccl*", "librccl*", "dlopen", "cudaMemcpy*", "nccl*", "libnccl*")
+
+
+def test_h200_hip_builds_only_hip_and_is_never_detected():
+    hip, h200 = make("h200-hip"), make("h200")
+    assert hip.languages == ("hip",) and hip.backend == "cuda" and hip.vendor == "nvidia"
+    assert "hip" not in h200.languages
+    assert not PROFILES["h200-hip"].detected and PROFILES["h200"].detected
+    task = SimpleNamespace(platforms=("h200", "h200-hip"), language="cuda", requires=())
+    assert "does not build cuda" in hip.skip_reason(task, 2)
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="no nvcc here")
+def test_a_hip_solution_builds_through_the_header_and_its_forbidden_copy_is_caught(tmp_path):
+    source = SOURCE.replace("COPY", "")
+    art = build_cuda(_task(forbid=["hipMemcpy*"]), source, tmp_path, "sm_90")
+    assert art.path.read_bytes()[:4] == b"\x7fELF"
+    with pytest.raises(Rejected) as got:  # the HIP copy links as cudaMemcpyAsync
+        build_cuda(_task(forbid=["hipMemcpy*"]), SOURCE.replace("COPY", COPY), tmp_path,
+                   "sm_90")
+    assert got.value.verdict is Verdict.FORBIDDEN and "cudaMemcpyAsync" in got.value.message
+    # a HIP name the header does not map is the solution's compile error
+    with pytest.raises(Rejected) as got:
+        build_cuda(_task(), source.replace("hipGetLastError()", "hipExtGetLinkTypeAndHopCount()"),
+                   tmp_path, "sm_90")
+    assert got.value.verdict is Verdict.COMPILE_ERROR
+
+
+@pytest.mark.skipif(rocm_path() is None and not (shutil.which("clang++-19")
+                                                 and DEBIAN_DEVICE_LIBS.is_dir()),
+                    reason="no HIP compiler here (ROCm, or Debian's clang-19 and ROCm packages)")
+def test_an_rccl_solution_builds_for_gfx942_without_rccl_installed(tmp_path):
+    art = build_hip(_task(library="rccl", requires=("rccl",)), RCCL, tmp_path, "gfx942")
+    assert art.path.read_bytes()[:4] == b"\x7fELF"  # host code only: no code object needed
+    with_kernel = SOURCE.replace("COPY", "") + RCCL.replace("commbench_run", "rccl_step")
+    art = build_hip(_task(library="rccl", requires=("rccl",)), with_kernel, tmp_path, "gfx942")
+    assert b"amdgcn-amd-amdhsa--gfx942" in art.path.read_bytes()
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="no nvcc here")
+def test_an_rccl_solution_builds_on_nccl_through_the_header(tmp_path):
+    from pytest_commbench.build import find_cuda_libs
+
+    if find_cuda_libs().nccl_include is None:
+        pytest.skip("no NCCL headers here (pip install -e '.[cuda-headers]')")
+    art = build_cuda(_task(library="rccl", requires=("rccl",)), RCCL, tmp_path, "sm_90")
+    assert art.path.read_bytes()[:4] == b"\x7fELF"
