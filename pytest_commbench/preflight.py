@@ -50,11 +50,11 @@ def _visibility_hint(vendor: str = "nvidia") -> str:
     if vendor == "amd":
         from .platforms import amd
 
-        found = amd.kfd_gpus()
+        found = amd.gpus()
         set_ = [f"{n}={os.environ[n]!r}" for n in ("ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES")
                 if n in os.environ]
         if not found:
-            return f" (no AMD GPU in the kernel's KFD topology, {amd.KFD_NODES})"
+            return f" (no AMD GPU in the kernel's KFD topology, {amd.KFD_NODES}, nor from rocminfo)"
         return (f" (the KFD topology has {', '.join(sorted({g.model for g in found}))}"
                 + (f"; {', '.join(set_)}" if set_ else "") + ")")
     hidden = os.environ.get("CUDA_VISIBLE_DEVICES")

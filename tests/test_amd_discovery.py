@@ -101,3 +101,102 @@ def test_no_kfd_tree_is_no_amd_gpu(tmp_path, monkeypatch):
     from pytest_commbench.preflight import _visibility_hint
 
     assert "no AMD GPU in the kernel's KFD topology" in _visibility_hint("amd")
+
+
+ROCMINFO = """ROCk module is loaded
+=====================
+HSA System Attributes
+=====================
+Runtime Version:         1.14
+==========
+HSA Agents
+==========
+*******
+Agent 1
+*******
+  Name:                    AMD EPYC 9654 96-Core Processor
+  Marketing Name:          AMD EPYC 9654 96-Core Processor
+  Vendor Name:             CPU
+  Device Type:             CPU
+*******
+Agent 2
+*******
+  Name:                    gfx942
+  Uuid:                    GPU-4c1a2b3d4e5f6071
+  Marketing Name:          AMD Instinct MI325X
+  Vendor Name:             AMD
+  Device Type:             GPU
+  ISA Info:
+    ISA 1
+      Name:                    amdgcn-amd-amdhsa--gfx942:sramecc+:xnack-
+*******
+Agent 3
+*******
+  Name:                    gfx942
+  Marketing Name:          AMD Instinct MI325X
+  Vendor Name:             AMD
+  Device Type:             GPU
+*** Done ***
+"""
+ROCM_SMI_TOPO = """
+
+============================ ROCm System Management Interface ============================
+================================ Weight between two GPUs =================================
+       GPU0         GPU1
+GPU0   0            15
+GPU1   15           0
+
+================================= Hops between two GPUs ==================================
+       GPU0         GPU1
+GPU0   0            1
+GPU1   1            0
+
+=============================== Link Type between two GPUs ===============================
+       GPU0         GPU1
+GPU0   0            XGMI
+GPU1   XGMI         0
+
+======================================= Numa Nodes =======================================
+GPU[0]          : (Topology) Numa Node: 0
+GPU[0]          : (Topology) Numa Affinity: 0
+GPU[1]          : (Topology) Numa Node: 0
+GPU[1]          : (Topology) Numa Affinity: 0
+================================== End of ROCm SMI Log ===================================
+"""
+
+
+def _fake_tools(folder: Path, monkeypatch, rocminfo: str, topo: str) -> None:
+    folder.mkdir()
+    for name, text in (("rocminfo", rocminfo), ("rocm-smi", topo)):
+        (folder / f"{name}.out").write_text(text)
+        script = folder / name
+        script.write_text(f"#!/bin/sh\ncat '{folder / (name + '.out')}'\n")
+        script.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{folder}:/usr/bin:/bin")
+
+
+def test_without_a_kfd_tree_rocminfo_and_rocm_smi_say_what_is_there(tmp_path, monkeypatch):
+    """A container without /sys/class/kfd: the GPU agents of rocminfo (not its CPU, not the
+    ISA lines' nested names) and the link types of rocm-smi --showtopo, as the same matrix."""
+    monkeypatch.setattr(amd, "KFD_NODES", tmp_path / "absent")
+    monkeypatch.setattr(gpu, "nvidia_gpus", lambda: [])
+    _fake_tools(tmp_path / "bin", monkeypatch, ROCMINFO, ROCM_SMI_TOPO)
+    found = amd.gpus()
+    assert [(g.gfx, g.model) for g in found] == [("gfx942", "MI325X")] * 2
+    assert amd.link_matrix(found) == [["X", "XGMI"], ["XGMI", "X"]]
+    assert gpu.detect() == "mi325x"
+    assert gpu.GpuPlatform(PROFILES["mi325x"]).visible_gpus() == 2
+
+
+def test_the_tools_parsers_on_their_own():
+    assert amd.parse_rocminfo(ROCMINFO) == [("gfx942", "AMD Instinct MI325X")] * 2
+    assert amd.parse_rocm_smi_links(ROCM_SMI_TOPO) == [["X", "XGMI"], ["XGMI", "X"]]
+    pcie = ROCM_SMI_TOPO.replace("XGMI", "PCIE")
+    assert amd.parse_rocm_smi_links(pcie) == [["X", "PCIE"], ["PCIE", "X"]]
+    assert amd.parse_rocminfo("") == [] and amd.parse_rocm_smi_links("") == []
+
+
+def test_no_tools_and_no_kfd_tree_is_no_amd_gpu(tmp_path, monkeypatch):
+    monkeypatch.setattr(amd, "KFD_NODES", tmp_path / "absent")
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert amd.gpus() == []

@@ -9,11 +9,19 @@ amdgpu driver, with or without ROCm's tools: each node has a `properties` file o
 
 `gfx_target_version` is major * 10000 + minor * 100 + stepping (90402: gfx942, 90010: gfx90a):
 the minor and the stepping are written in hex in the gfx name.
+
+Where the KFD tree cannot be read (a container that does not mount it), ROCm's tools say the
+same: `rocminfo` (each GPU agent's gfx name and marketing name) and `rocm-smi --showtopo`
+(its "Link Type between two GPUs" matrix: XGMI or PCIE). amd-smi's output is not read: its
+formats have changed between ROCm releases and none could be checked here.
 """
 
 from __future__ import annotations
 
 import os
+import re
+import shutil
+import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -116,3 +124,65 @@ def link_matrix(gpus: list[AmdGpu]) -> list[list[str]]:
             if node in index:
                 out[i][index[node]] = kind
     return out
+
+
+def parse_rocminfo(text: str) -> list[tuple[str, str]]:
+    """(gfx name, marketing name) of each GPU agent `rocminfo` lists, in its order."""
+    found = []
+    for block in re.split(r"^\*+\s*\n\s*Agent \d+\s*\n\*+\s*$", text, flags=re.M)[1:]:
+        fields: dict[str, str] = {}
+        for line in block.splitlines():
+            name, sep, value = line.partition(":")
+            if sep and name.strip() not in fields:
+                fields[name.strip()] = value.strip()
+        if fields.get("Device Type") == "GPU" and fields.get("Name", "").startswith("gfx"):
+            found.append((fields["Name"], fields.get("Marketing Name", "")))
+    return found
+
+
+def parse_rocm_smi_links(text: str) -> list[list[str]]:
+    """The "Link Type between two GPUs" matrix of `rocm-smi --showtopo`, in the topology
+    oracle's form (X on the diagonal, where rocm-smi prints 0)."""
+    rows: list[list[str]] = []
+    inside = False
+    for line in text.splitlines():
+        if line.startswith("="):
+            if inside and rows:
+                break
+            inside = "Link Type between two GPUs" in line
+            continue
+        cells = line.split()
+        if inside and cells and re.fullmatch(r"GPU\d+", cells[0]) and len(cells) > 1 \
+                and not re.fullmatch(r"GPU\d+", cells[1]):
+            i = len(rows)
+            rows.append(["X" if j == i else c.upper() for j, c in enumerate(cells[1:])])
+    return rows
+
+
+def _program(argv: list[str]) -> str:
+    if shutil.which(argv[0]) is None:
+        return ""
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+    return done.stdout if done.returncode == 0 else ""
+
+
+def tool_gpus() -> list[AmdGpu]:
+    """The AMD GPUs as ROCm's tools list them (rocminfo; links from rocm-smi --showtopo)."""
+    agents = parse_rocminfo(_program(["rocminfo"]))
+    links = parse_rocm_smi_links(_program(["rocm-smi", "--showtopo"])) if agents else []
+    gpus = []
+    for i, (gfx, marketing) in enumerate(agents):
+        model = next((m for m in DEVICE_IDS.values() if m in marketing), marketing or gfx)
+        gpu = AmdGpu(i, i + 1, gfx, 0, model)
+        if len(links) == len(agents):
+            gpu.links = {j: (kind, 0) for j, kind in enumerate(links[i]) if j != i}
+        gpus.append(gpu)
+    return gpus
+
+
+def gpus() -> list[AmdGpu]:
+    """This machine's AMD GPUs: the KFD topology's, else ROCm's tools'."""
+    return kfd_gpus() or tool_gpus()

@@ -140,7 +140,7 @@ def detect() -> str | None:
                 if profile.model == "H200" and "GH200" in gpu["name"]:
                     continue
                 return profile.name
-    for gpu in amd.kfd_gpus():
+    for gpu in amd.gpus():
         for profile in PROFILES.values():
             if profile.vendor == "amd" and profile.model == gpu.model:
                 return profile.name
@@ -232,7 +232,7 @@ class GpuPlatform(Platform):
 
     def visible_gpus(self) -> int:
         if self.profile.vendor == "amd":  # the KFD topology's, as ROCR/HIP_VISIBLE_DEVICES leave them
-            return sum(1 for g in amd.visible(amd.kfd_gpus()) if g.model == self.profile.model)
+            return sum(1 for g in amd.visible(amd.gpus()) if g.model == self.profile.model)
         if self.profile.vendor != "nvidia":
             return 0
         gpus = [g for g in nvidia_gpus() if self.profile.model in g["name"]]
@@ -392,7 +392,7 @@ class GpuPlatform(Platform):
     def _amd_fingerprint(self) -> dict[str, Any]:
         """The AMD machine as the KFD topology and ROCm's version file say (no program run)."""
         info = super().fingerprint()
-        gpus = amd.visible(amd.kfd_gpus())
+        gpus = amd.visible(amd.gpus())
         info.update({
             "gpu": f"AMD {gpus[0].model}" if gpus else "none",
             "gpu_count": len(gpus),
