@@ -27,7 +27,7 @@ from typing import Any
 
 import pytest
 
-from .platforms import detect
+from .platforms import PROFILES, detect
 from .results import ResultsLog, RunBusy, RunLock, finished
 from .settings import RunSettings
 
@@ -561,6 +561,14 @@ def create(config: pytest.Config) -> CommbenchState:
         platform_name = detect()
     model = _make(config, "model", model_name, model_where)
     platform = _make(config, "platform", platform_name, platform_where)
+    profile = getattr(platform, "profile", None)
+    if profile is not None and profile.name not in PROFILES:
+        config.issue_config_time_warning(pytest.PytestConfigWarning(
+            f"no profile of the benchmark describes this machine's {profile.model}: platform "
+            f"{profile.name} is made from its own properties ({profile.arch}, "
+            f"{profile.gpus_per_node} GPUs, {profile.interconnect}; features "
+            f"{', '.join(sorted(profile.features))}) and runs the {profile.vendor} tasks whose "
+            "requirements it meets"), stacklevel=2)
     per_gpu, per_gpu_where = lookup(config, "ranks_per_gpu")
     if int(per_gpu) > 1:
         if not hasattr(platform, "place"):
@@ -626,7 +634,7 @@ def create(config: pytest.Config) -> CommbenchState:
     build_dir = Path(build_cache).expanduser() if build_cache else run_dir / "build"
     if build_cache and not worker:
         _check_writable(build_dir, "build cache", lookup(config, "build_cache")[1])
-    from .platforms import NAMES, PROFILES
+    from .platforms import NAMES
     from .tasks import VENDORS
 
     state = CommbenchState(

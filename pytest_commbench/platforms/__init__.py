@@ -5,7 +5,7 @@ from __future__ import annotations
 from ..profiles import NAMES, PROFILES, GpuProfile
 from .base import Platform
 from .cpu import CpuPlatform
-from .gpu import GpuPlatform
+from .gpu import GENERIC, GpuPlatform, generic_profile
 from .gpu import detect as detect_gpu
 
 
@@ -14,6 +14,13 @@ def make(name: str) -> Platform | None:
         return CpuPlatform()
     if name in PROFILES:
         return GpuPlatform(PROFILES[name])
+    for vendor, generic in GENERIC.items():
+        if name == generic:
+            profile = generic_profile(vendor)
+            if profile is None:
+                raise ValueError(f"platform {name} is made from this machine's {vendor} GPUs, "
+                                 "and there are none")
+            return GpuPlatform(profile)
     return None
 
 
@@ -22,5 +29,5 @@ def detect() -> str:
     return detect_gpu() or "cpu"
 
 
-__all__ = ["NAMES", "PROFILES", "CpuPlatform", "GpuPlatform", "GpuProfile", "Platform", "detect",
+__all__ = ["GENERIC", "NAMES", "PROFILES", "CpuPlatform", "GpuPlatform", "GpuProfile", "Platform", "detect",
            "make"]

@@ -124,6 +124,48 @@ def rank_cpus(gpu_ids: list[str], local: dict[str, list[int]], allowed: set[int]
 
 
 @functools.lru_cache(maxsize=1)
+def compute_capability() -> str:
+    """The first NVIDIA GPU's compute capability ("9.0"), or "" where nvidia-smi cannot say."""
+    if not shutil.which("nvidia-smi"):
+        return ""
+    out = _run(["nvidia-smi", "--query-gpu=compute_cap", "--format=csv,noheader"]).split()
+    return out[0] if out and re.fullmatch(r"\d+\.\d+", out[0]) else ""
+
+
+#: the name --platform=auto gives a GPU of a vendor's that no profile describes
+GENERIC = {"nvidia": "nvidia-generic", "amd": "amd-generic"}
+
+
+def generic_profile(vendor: str) -> GpuProfile | None:
+    """A profile made from this machine's own GPUs where no profile of the benchmark names
+    them (an H100, an MI300X...): its architecture, GPU count and links as the devices report
+    them, the features every GPU of the vendor has, and those it can be seen to have (NVLink
+    or xGMI links); None where the vendor has no GPU here."""
+    if vendor == "nvidia":
+        gpus, cc = nvidia_gpus(), compute_capability()
+        if not gpus or not cc:
+            return None
+        arch = "sm_" + cc.replace(".", "")
+        features = {"nccl", "nvshmem", "cuda-ipc", "cupy", "nvml", DISTINCT, arch}
+        links = nvlink_topology()
+        if len(gpus) > 1 and re.search(r"\bNV\d+\b", links):
+            features.add("nvlink")
+        model = gpus[0]["name"].replace("NVIDIA ", "")
+        return GpuProfile(GENERIC["nvidia"], "nvidia", arch, "nvcc", len(gpus),
+                          "nvlink" if "nvlink" in features else "pcie", model,
+                          frozenset(features))
+    found = amd.gpus()
+    if vendor != "amd" or not found:
+        return None
+    features = {"rccl", "hip-ipc"}
+    if any(kind == "XGMI" for g in found for kind, _w in g.links.values()):
+        features.add("xgmi")
+    return GpuProfile(GENERIC["amd"], "amd", found[0].gfx, "hipcc", len(found),
+                      "xgmi" if "xgmi" in features else "pcie", found[0].model,
+                      frozenset(features), languages=("hip",))
+
+
+@functools.lru_cache(maxsize=1)
 def nvlink_topology() -> str:
     """`nvidia-smi topo -m`, the matrix of how the GPUs are linked (NV18 = 18 NVLinks)."""
     return _run(["nvidia-smi", "topo", "-m"]).strip() if shutil.which("nvidia-smi") else ""
@@ -144,6 +186,11 @@ def detect() -> str | None:
         for profile in PROFILES.values():
             if profile.vendor == "amd" and profile.model == gpu.model:
                 return profile.name
+    # GPUs no profile names: a profile of their own properties (`generic_profile`)
+    if gpus:
+        return GENERIC["nvidia"]
+    if amd.gpus():
+        return GENERIC["amd"]
     return None
 
 
@@ -241,8 +288,20 @@ class GpuPlatform(Platform):
             return min(len(gpus), len([x for x in visible.split(",") if x.strip()]))
         return len(gpus)
 
+    def accepts(self, task: Task) -> bool:
+        """Is the task written for this platform? Where its manifest names it, or, for a
+        profile --platform=auto may pick (not a variant such as h200-hip), where it names a
+        platform of the same vendor: a new profile (an H100, an MI300X) takes the tasks of
+        its vendor, and the task's `requires` and language say whether it can run them."""
+        if self.name in task.platforms:
+            return True
+        if not self.profile.detected:
+            return False
+        return any(PROFILES[p].vendor == self.vendor and PROFILES[p].detected
+                   for p in task.platforms if p in PROFILES)
+
     def skip_reason(self, task: Task, world: int) -> str | None:
-        if self.name not in task.platforms:
+        if not self.accepts(task):
             return f"task runs on {', '.join(task.platforms)}, not on platform {self.name}"
         if task.language not in self.languages:
             return f"platform {self.name} does not build {task.language}"
