@@ -111,3 +111,51 @@ def test_an_rccl_solution_builds_on_nccl_through_the_header(tmp_path):
         pytest.skip("no NCCL headers here (pip install -e '.[cuda-headers]')")
     art = build_cuda(_task(library="rccl", requires=("rccl",)), RCCL, tmp_path, "sm_90")
     assert art.path.read_bytes()[:4] == b"\x7fELF"
+
+
+HIP_TASK = "p2p/flag_pingpong_hip"
+
+
+def _broken_answer(root) -> None:
+    """A full-file answer to HIP_TASK whose first editable region names what does not exist."""
+    from conftest import REPO
+
+    text = (REPO / "references" / HIP_TASK / "solution.hip").read_text()
+    marker = next(line for line in text.splitlines() if ">>> COMMBENCH EDIT" in line)
+    folder = root / "answers" / HIP_TASK
+    folder.mkdir(parents=True)
+    (folder / "solution.hip").write_text(
+        text.replace(marker, marker + "\nstatic int broken = no_such_name_here;", 1))
+
+
+@pytest.mark.skipif(rocm_path() is None and not (shutil.which("clang++-19")
+                                                 and DEBIAN_DEVICE_LIBS.is_dir()),
+                    reason="no HIP compiler here (ROCm, or Debian's clang-19 and ROCm packages)")
+def test_compile_only_builds_answers_for_gfx942_on_a_machine_without_amd_gpus(bench):
+    """--platform=mi325x --commbench-compile-only: the reference builds (a pass marked
+    compile-only, nothing run), an answer that does not compile is a compile_error; without
+    --commbench-compile-only the platform is refused in one line, naming the option."""
+    bench.add_task(HIP_TASK, ranks=2)
+    result = bench.run("--platform=mi325x", "--commbench-compile-only")
+    result.assert_outcomes(passed=1)
+    record = bench.records()[-1]
+    assert record["compile_only"] is True and record["verdict"] == "pass"
+    assert record["message"] == "built for mi325x (compile only: not run)"
+    assert record.get("speedup") is None
+    _broken_answer(bench.root)
+    result = bench.run("--platform=mi325x", "--commbench-compile-only",
+                       f"--commbench-model=dir:{bench.root / 'answers'}")
+    result.assert_outcomes(failed=1)
+    assert bench.records()[-1]["verdict"] == "compile_error"
+    refused = bench.run("--platform=mi325x")
+    assert refused.ret == pytest.ExitCode.USAGE_ERROR
+    refused.stderr.fnmatch_lines(["*platform mi325x needs MI325X GPUs, and none is visible*"
+                                  "--commbench-compile-only builds for it without running*"])
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="no nvcc here")
+def test_compile_only_builds_the_hip_tasks_through_the_header_for_h200_hip(bench):
+    bench.add_task(HIP_TASK, ranks=2)
+    result = bench.run("--platform=h200-hip", "--commbench-compile-only")
+    result.assert_outcomes(passed=1)
+    assert bench.records()[-1]["message"] == "built for h200-hip (compile only: not run)"
