@@ -1,0 +1,18 @@
+// Sum all ranks' sendbuf into every rank's recvbuf with RCCL (AMD's collective library, whose
+// API is NCCL's by name) on AMD Instinct GPUs linked by xGMI.
+#include <hip/hip_runtime.h>
+#include <rccl/rccl.h>
+
+#include "commbench.h"
+
+extern "C" int commbench_run(const commbench_ctx* ctx) {
+  const float* sendbuf = (const float*)ctx->buffers[0];
+  float* recvbuf = (float*)ctx->buffers[1];
+  const size_t count = ctx->buffer_bytes[0] / sizeof(float);
+  ncclComm_t comm = (ncclComm_t)ctx->nccl_comm;  // an RCCL communicator of all ranks
+  hipStream_t stream = (hipStream_t)ctx->stream;
+  // >>> COMMBENCH EDIT allreduce
+  (void)sendbuf; (void)recvbuf; (void)count; (void)comm; (void)stream;
+  return -1;  // not implemented
+  // <<< COMMBENCH EDIT
+}
