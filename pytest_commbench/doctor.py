@@ -41,7 +41,7 @@ def checks() -> list[Line]:
     from .cupti_guard import find_cupti
     from .launch import find_mpiexec, mpi_version
     from .platforms import detect
-    from .platforms.gpu import mps_control, nvidia_gpus
+    from .platforms.nvidia import mps_control, nvidia_gpus
     from .sandbox import probe
 
     out: list[Line] = [("python", "found", sys.version.split()[0]),

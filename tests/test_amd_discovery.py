@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from pytest_commbench.platforms import amd, gpu
-from pytest_commbench.profiles import PROFILES
+from pytest_commbench.platforms import amd, detect_gpu, make
+from pytest_commbench.platforms import nvidia as gpu
 
 
 def _node(root: Path, n: int, gpu_id: int, props: dict[str, int], links: list[dict]) -> None:
@@ -73,8 +73,8 @@ def test_visible_devices_narrow_what_a_process_sees(tree):
 
 def test_auto_finds_the_mi325x_and_the_platform_counts_its_gpus(tree, monkeypatch):
     monkeypatch.setattr(gpu, "nvidia_gpus", lambda: [])
-    assert gpu.detect() == "mi325x"
-    platform = gpu.GpuPlatform(PROFILES["mi325x"])
+    assert detect_gpu() == "mi325x"
+    platform = make("mi325x")
     assert platform.visible_gpus() == 8
     monkeypatch.setenv("HIP_VISIBLE_DEVICES", "0,1")
     assert platform.visible_gpus() == 2
@@ -88,8 +88,8 @@ def test_another_amd_gpu_is_not_taken_for_an_mi325x(tmp_path, monkeypatch):
     monkeypatch.setattr(amd, "KFD_NODES", root)
     monkeypatch.setattr(gpu, "nvidia_gpus", lambda: [])
     assert {g.model for g in amd.kfd_gpus()} == {"MI300X"}
-    assert gpu.detect() == gpu.GENERIC["amd"]  # a profile of its own properties, not mi325x
-    assert gpu.GpuPlatform(PROFILES["mi325x"]).visible_gpus() == 0
+    assert detect_gpu() == amd.GENERIC["amd"]  # a profile of its own properties, not mi325x
+    assert make("mi325x").visible_gpus() == 0
     from pytest_commbench.preflight import _visibility_hint
 
     assert "the KFD topology has MI300X" in _visibility_hint("amd")
@@ -184,8 +184,8 @@ def test_without_a_kfd_tree_rocminfo_and_rocm_smi_say_what_is_there(tmp_path, mo
     found = amd.gpus()
     assert [(g.gfx, g.model) for g in found] == [("gfx942", "MI325X")] * 2
     assert amd.link_matrix(found) == [["X", "XGMI"], ["XGMI", "X"]]
-    assert gpu.detect() == "mi325x"
-    assert gpu.GpuPlatform(PROFILES["mi325x"]).visible_gpus() == 2
+    assert detect_gpu() == "mi325x"
+    assert make("mi325x").visible_gpus() == 2
 
 
 def test_the_tools_parsers_on_their_own():

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_commbench.platforms.gpu import detect, nvidia_gpus
+from pytest_commbench.platforms.nvidia import detect, nvidia_gpus
 
 if sys.version_info >= (3, 11):
     import tomllib

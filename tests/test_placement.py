@@ -18,7 +18,8 @@ from types import SimpleNamespace
 import pytest
 
 from pytest_commbench import sandbox
-from pytest_commbench.platforms import gpu
+from pytest_commbench.platforms import make
+from pytest_commbench.platforms import nvidia as gpu
 from pytest_commbench.rank import mps
 from pytest_commbench.tasks import load_task
 
@@ -76,8 +77,8 @@ def _task(relpath: str):
     return load_task(REPO / "suites" / relpath / "task.toml", REPO / "suites")
 
 
-def _platform(per_gpu: int = 1) -> gpu.GpuPlatform:
-    platform = gpu.GpuPlatform(gpu.PROFILES["h200"])
+def _platform(per_gpu: int = 1) -> gpu.NvidiaPlatform:
+    platform = make("h200")
     platform.place(per_gpu)
     return platform
 

@@ -8,7 +8,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from pytest_commbench.platforms import GENERIC, amd, gpu, make
+from pytest_commbench.platforms import GENERIC, amd, make
+from pytest_commbench.platforms import nvidia as gpu
 from pytest_commbench.profiles import DISTINCT
 
 H100 = {"name": "NVIDIA H100 80GB HBM3", "driver": "570.00", "memory": "81559 MiB"}
@@ -68,7 +69,7 @@ def test_an_amd_gpu_without_a_profile_gets_one_from_the_kfd_topology(tmp_path, m
 
     monkeypatch.setattr(amd, "KFD_NODES", make_tree(tmp_path / "nodes", gpus=4, device=0x74A1))
     monkeypatch.setattr(gpu, "nvidia_gpus", lambda: [])
-    assert gpu.detect() == GENERIC["amd"]
+    assert amd.detect() == GENERIC["amd"]
     profile = make(GENERIC["amd"]).profile
     assert (profile.arch, profile.gpus_per_node, profile.interconnect, profile.model) == \
         ("gfx942", 4, "xgmi", "MI300X")

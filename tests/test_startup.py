@@ -204,7 +204,7 @@ def test_doctor_says_what_is_found_and_what_can_run():
 
 def test_doctor_names_why_a_gpu_platform_cannot_run_here(monkeypatch):
     from pytest_commbench import doctor
-    from pytest_commbench.platforms import gpu
+    from pytest_commbench.platforms import nvidia as gpu
 
     monkeypatch.setattr(gpu, "nvidia_gpus", lambda: [])
     ok, skips, errors = doctor.runnable("h200", REPO / "suites")

@@ -1,4 +1,6 @@
-"""AMD GPUs as the kernel's KFD driver describes them: what is here, and how it is linked.
+"""AMD GPUs as the kernel's KFD driver describes them: what is here, and how it is linked;
+and `AmdPlatform`, the vendor's part of a GPU platform (HIP builds for the profile's gfx,
+ROCR/HIP_VISIBLE_DEVICES, the fingerprint).
 
 The KFD topology (`/sys/class/kfd/kfd/topology/nodes/<n>/`) is there on every machine with the
 amdgpu driver, with or without ROCm's tools: each node has a `properties` file of
@@ -24,6 +26,12 @@ import shutil
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
+
+from ..build import build_hip, rocm_path
+from ..profiles import PROFILES, GpuProfile
+from ..tasks import Task
+from .gpu import GENERIC, GpuPlatform
 
 KFD_NODES = Path("/sys/class/kfd/kfd/topology/nodes")
 AMD_VENDOR_ID = 0x1002
@@ -186,3 +194,75 @@ def tool_gpus() -> list[AmdGpu]:
 def gpus() -> list[AmdGpu]:
     """This machine's AMD GPUs: the KFD topology's, else ROCm's tools'."""
     return kfd_gpus() or tool_gpus()
+
+
+def detect() -> str | None:
+    """The profile name of this machine's AMD GPUs (GENERIC's where no profile names them),
+    or None where there is none."""
+    found = gpus()
+    for gpu in found:
+        for profile in PROFILES.values():
+            if profile.vendor == "amd" and profile.detected and profile.model == gpu.model:
+                return profile.name
+    return GENERIC["amd"] if found else None
+
+
+def generic_profile() -> GpuProfile | None:
+    """A profile made from this machine's AMD GPUs where no profile names them (an MI300X):
+    the gfx name, the GPU count, xGMI where the topology has xGMI links; None without any."""
+    found = gpus()
+    if not found:
+        return None
+    features = {"rccl", "hip-ipc"}
+    if any(kind == "XGMI" for g in found for kind, _w in g.links.values()):
+        features.add("xgmi")
+    return GpuProfile(GENERIC["amd"], "amd", found[0].gfx, "hipcc", len(found),
+                      "xgmi" if "xgmi" in features else "pcie", found[0].model,
+                      frozenset(features), languages=("hip",))
+
+
+class AmdPlatform(GpuPlatform):
+    backend = "hip"
+    VISIBLE_ENV = "HIP_VISIBLE_DEVICES"
+    # NCCL's names are RCCL's: multicast stays off on every machine
+    SAFETY_ENV = {"NCCL_NVLS_ENABLE": "0"}
+
+    def visible_gpus(self) -> int:
+        """The KFD topology's (else ROCm's tools'), as ROCR/HIP_VISIBLE_DEVICES leave them."""
+        return sum(1 for g in visible(gpus()) if g.model == self.profile.model)
+
+    def tool_reason(self, task: Task, world: int) -> str | None:
+        if rocm_path() is None and not shutil.which("clang++-19"):
+            return "no HIP compiler (ROCm's amdclang++, or Debian's clang-19)"
+        if not self.compile_only:
+            return ("the ranks have no AMD device backend yet (nothing has run on an AMD GPU): "
+                    "--commbench-compile-only builds each answer for "
+                    f"{self.profile.arch} and stops there")
+        return None
+
+    def build(self, task: Task, source: str, cache_dir: Path):
+        return build_hip(task, source, cache_dir, self.profile.arch)
+
+    def env(self) -> dict[str, str]:
+        return dict(self.SAFETY_ENV)
+
+    def fingerprint(self) -> dict[str, Any]:
+        """The AMD machine as the KFD topology and ROCm's version file say (no program run)."""
+        info = super().fingerprint()
+        here = visible(gpus())
+        info.update({
+            "gpu": f"AMD {here[0].model}" if here else "none",
+            "gpu_count": len(here),
+            "gfx": here[0].gfx if here else "none",
+            "interconnect": self.interconnect,
+            "placement": self.placement(),
+        })
+        for version in (Path("/opt/rocm/.info/version"), Path("/opt/rocm/.info/version-dev")):
+            try:
+                info["rocm"] = version.read_text().strip()
+                break
+            except OSError:
+                continue
+        if len(here) > 1:
+            info["gpu0_gpu1_link"] = link_matrix(here)[0][1]
+        return info
