@@ -23,7 +23,6 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,7 +30,7 @@ from typing import Any
 from ..build import build_hip, rocm_path
 from ..profiles import PROFILES, GpuProfile
 from ..tasks import Task
-from .gpu import GENERIC, GpuPlatform
+from .gpu import GENERIC, GpuPlatform, _run
 
 KFD_NODES = Path("/sys/class/kfd/kfd/topology/nodes")
 AMD_VENDOR_ID = 0x1002
@@ -167,20 +166,10 @@ def parse_rocm_smi_links(text: str) -> list[list[str]]:
     return rows
 
 
-def _program(argv: list[str]) -> str:
-    if shutil.which(argv[0]) is None:
-        return ""
-    try:
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=30)
-    except (OSError, subprocess.TimeoutExpired):
-        return ""
-    return done.stdout if done.returncode == 0 else ""
-
-
 def tool_gpus() -> list[AmdGpu]:
     """The AMD GPUs as ROCm's tools list them (rocminfo; links from rocm-smi --showtopo)."""
-    agents = parse_rocminfo(_program(["rocminfo"]))
-    links = parse_rocm_smi_links(_program(["rocm-smi", "--showtopo"])) if agents else []
+    agents = parse_rocminfo(_run(["rocminfo"]))
+    links = parse_rocm_smi_links(_run(["rocm-smi", "--showtopo"])) if agents else []
     gpus = []
     for i, (gfx, marketing) in enumerate(agents):
         model = next((m for m in DEVICE_IDS.values() if m in marketing), marketing or gfx)
