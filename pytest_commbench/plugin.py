@@ -25,13 +25,7 @@ from .session import (
     labelled,
     setting,
 )
-
-MARKERS = {
-    "commbench": "a pytest-commbench task item",
-    "category_p2p": "", "category_collective": "", "category_ep": "", "category_fusion": "",
-    "category_utility": "", "difficulty_easy": "", "difficulty_medium": "", "difficulty_hard": "",
-    "setup_bare_metal": "", "setup_library_based": "",
-}
+from .tasks import marker_names
 
 
 def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
@@ -89,11 +83,9 @@ def pytest_commbench_model_names(config):
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    for name, desc in MARKERS.items():
-        config.addinivalue_line("markers", f"{name}: {desc or 'commbench task attribute'}")
-    for lib in ("mpi", "nccl", "nccl_device", "nvshmem", "cuda_runtime", "cupy", "torch",
-                "ibverbs", "mscclpp", "deepep", "thunderkittens", "vllm", "sglang"):
-        config.addinivalue_line("markers", f"library_{lib}: commbench task attribute")
+    config.addinivalue_line("markers", "commbench: a pytest-commbench task item")
+    for name in marker_names():  # every value a manifest may name: -m never meets an unknown mark
+        config.addinivalue_line("markers", f"{name}: commbench task attribute")
     state = create(config)
     config.stash[STATE] = state
     preflight.check(config, state)  # refusals and warnings, before anything is spent

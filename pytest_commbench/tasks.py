@@ -31,6 +31,17 @@ LIBRARIES = (
 )
 DIFFICULTIES = ("easy", "medium", "hard")
 SETUPS = ("bare-metal", "library-based")
+
+
+def _marker(kind: str, value: str) -> str:
+    return f"{kind}_{value.replace('-', '_').replace('+', 'p')}"
+
+
+def marker_names() -> list[str]:
+    """Every marker a task can carry (each value a manifest may name), for registering them."""
+    return [_marker(kind, value) for kind, values in (
+        ("category", CATEGORIES), ("library", LIBRARIES), ("difficulty", DIFFICULTIES),
+        ("setup", SETUPS)) for value in values]
 LANGUAGES = {"python": ".py", "cuda": ".cu", "hip": ".hip", "c++": ".cpp", "c": ".c"}
 BETTER = ("higher", "lower")
 # how bytes are counted for bandwidth metrics, as nccl-tests does
@@ -118,15 +129,8 @@ class Task:
 
     def markers(self) -> list[str]:
         """Marker names for -m selection (hyphens become underscores)."""
-        def norm(value: str) -> str:
-            return value.replace("-", "_").replace("+", "p")
-
-        return [
-            f"category_{norm(self.category)}",
-            f"library_{norm(self.library)}",
-            f"difficulty_{norm(self.difficulty)}",
-            f"setup_{norm(self.setup)}",
-        ]
+        return [_marker("category", self.category), _marker("library", self.library),
+                _marker("difficulty", self.difficulty), _marker("setup", self.setup)]
 
 
 _TOP_KEYS = {

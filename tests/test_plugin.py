@@ -296,6 +296,16 @@ def test_selection_by_keyword_and_marker(bench):
     result.stdout.fnmatch_lines(["*2 tests collected*"])
 
 
+def test_every_library_a_manifest_may_name_is_a_registered_marker(bench):
+    """Tasks of libraries added later (rccl, hip-runtime) select without an unknown-mark warning."""
+    manifest = bench.add_task() / "task.toml"
+    manifest.write_text(manifest.read_text().replace('library = "mpi"', 'library = "hip-runtime"'))
+    result = bench.run("--collect-only", "-q", "--strict-markers", "-W", "error::pytest.PytestUnknownMarkWarning",
+                       "-m", "library_hip_runtime")
+    result.stdout.fnmatch_lines(["*1 test collected*"])
+    assert "Unknown" not in result.stdout.str()
+
+
 def test_a_node_id_selects_one_item(bench):
     bench.add_task()
     bench.add_task("utility/dissemination_barrier")

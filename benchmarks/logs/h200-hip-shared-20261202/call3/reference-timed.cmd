@@ -1,0 +1,1 @@
+tools/gpu-shared reference-timed -- --commbench-shared-node --commbench-timing-rounds=1 --commbench-timing-max-rounds=1 --commbench-timing-wall=0.5 --commbench-max-reps=50 (SHARED_PLATFORM=h200-hip, COMMBENCH_RANKS_PER_GPU=8, SHARED_JOBS=8, SHARED_WORLDS=min, SHARED_DONE=benchmarks/logs/h200-hip-shared-20261202)
