@@ -15,7 +15,9 @@ import re
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
 from pathlib import Path
@@ -415,17 +417,57 @@ def _built(folder: Path, name: str, source: str,
     return lib
 
 
-def _compile(cmd: list[str], work: Path) -> None:
-    """Run a compiler in `work`; its failure as the verdict it is (the solution's compile error,
-    or the machine's missing compiler)."""
+#: how the compilers of the current build are confined: (command, work folder) -> the command
+#: that runs it in a sandbox, and the exit codes of the sandbox's own failures (set up, limit)
+Jail = tuple[Callable[[list[str], Path], list[str]], int, int]
+_JAIL: ContextVar[Jail | None] = ContextVar("commbench_compile_jail", default=None)
+
+
+@contextmanager
+def jailed(jail: Jail | None) -> Iterator[None]:
+    """Builds made inside run their compilers through `jail` (None: as they are). A model's
+    answer is compiled so: a compiler reads any file its source names (`#include`, `.incbin`,
+    `#embed`), so it must not see the references, the build cache or other items' files."""
+    token = _JAIL.set(jail)
     try:
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=COMPILE_TIMEOUT_S,
+        yield
+    finally:
+        _JAIL.reset(token)
+
+
+def paths_named(cmd: list[str], inside: Path) -> list[str]:
+    """The absolute paths a recipe's command names (include and library folders, device
+    libraries, an rpath), less those in `inside` (the build's own folder): what a jailed
+    compiler must see besides the system."""
+    found = []
+    for arg in cmd:
+        for path in re.findall(r"(/[^\s,=:]+)", arg):
+            if not (path == str(inside) or path.startswith(str(inside) + "/")) \
+                    and os.path.exists(path):
+                found.append(path if os.path.isdir(path) else os.path.dirname(path))
+    return list(dict.fromkeys(found))
+
+
+def _compile(cmd: list[str], work: Path) -> None:
+    """Run a compiler in `work` (jailed where a build is, see `jailed`); its failure as the
+    verdict it is (the solution's compile error, or the machine's missing compiler or
+    sandbox)."""
+    jail = _JAIL.get()
+    argv = jail[0](cmd, work) if jail is not None else cmd
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=COMPILE_TIMEOUT_S,
                               cwd=work)
     except subprocess.TimeoutExpired:
         raise Rejected(Verdict.COMPILE_ERROR,
                        f"the compiler ran past {COMPILE_TIMEOUT_S} s") from None
     except FileNotFoundError as exc:
         raise Rejected(Verdict.INFRA_ERROR, f"no compiler: {exc}") from None
+    if jail is not None and done.returncode == jail[1]:
+        raise Rejected(Verdict.INFRA_ERROR, "the compiler's sandbox could not be set up: "
+                       + (done.stderr or done.stdout).strip()[-500:])
+    if jail is not None and done.returncode == jail[2]:
+        raise Rejected(Verdict.COMPILE_ERROR, "the compiler went past the build's limits: "
+                       + (done.stderr or done.stdout).strip()[-500:])
     if done.returncode != 0:
         message = (done.stderr or done.stdout).strip()
         first = next((x for x in message.splitlines() if "error" in x), message[:200])

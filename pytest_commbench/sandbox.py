@@ -301,20 +301,22 @@ def limits_for(job_dir: Path | str, limits: Mapping[str, Any] | None = None) -> 
 
 def plan(job_dir: Path, argv: list[str], env: dict[str, str], hide: Iterable[Path],
          keep: Iterable[Path | str] | None = None,
-         limits: Mapping[str, Any] | None = None) -> dict:
+         limits: Mapping[str, Any] | None = None, also_keep: Iterable[Path | str] = ()) -> dict:
     """The JSON plan `sandbox_init.py` builds the job's view from.
 
     `keep`: trees bound read-only besides the system trees and the Python environment; None
     means `system_keep(env)` less what of it lies in a hidden tree (a library folder inside
-    the project stays hidden). What `keep` names and the Python environment stay visible
-    inside a hidden tree (a virtual environment inside the project); what `hide` names is
-    hidden where it lies inside a kept tree. `limits`: changes to `default_limits`."""
+    the project stays hidden); `also_keep` is kept besides (a compiler's include folders).
+    What `keep` and `also_keep` name and the Python environment stay visible inside a hidden
+    tree (a virtual environment inside the project); what `hide` names is hidden where it
+    lies inside a kept tree. `limits`: changes to `default_limits`."""
     hidden = sorted({str(PACKAGE), *(os.path.realpath(h) for h in hide)})
     if keep is None:
         extra = [k for k in system_keep(env)
                  if not any(_inside(os.path.realpath(k), h) for h in hidden)]
     else:
         extra = [_abs(k) for k in keep]
+    extra += [_abs(k) for k in also_keep]
     kept = [t for t in SYSTEM_TREES if os.path.lexists(t)]
     kept += [k for k in dict.fromkeys([*python_roots(), *extra]) if k not in kept]
     return {"job": _abs(job_dir), "argv": drained(argv), "env": env, "hide": hidden,
@@ -323,13 +325,13 @@ def plan(job_dir: Path, argv: list[str], env: dict[str, str], hide: Iterable[Pat
 
 def wrap(job_dir: Path, argv: list[str], env: dict[str, str], hide: Iterable[Path],
          keep: Iterable[Path | str] | None = None,
-         limits: Mapping[str, Any] | None = None) -> list[str]:
-    """The command that runs `argv` inside the job's sandbox (see `plan` for `keep` and
-    `limits`)."""
+         limits: Mapping[str, Any] | None = None, also_keep: Iterable[Path | str] = ()) -> list[str]:
+    """The command that runs `argv` inside the job's sandbox (see `plan` for `keep`,
+    `also_keep` and `limits`)."""
     prefix = unshare_argv()
     if prefix is None:
         raise RuntimeError("unshare (util-linux) is not installed")
-    spec = plan(job_dir, argv, env, hide, keep, limits)
+    spec = plan(job_dir, argv, env, hide, keep, limits, also_keep)
     return [*prefix, sys.executable, "-I", "-S", str(INIT), json.dumps(spec)]
 
 

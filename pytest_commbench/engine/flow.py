@@ -9,14 +9,14 @@ import traceback
 
 import numpy as np
 
-from .. import checks, regions, sandbox
+from .. import build, checks, regions, sandbox
 from ..checks.base import make_late
 from ..models.base import Candidate, Reply
 from ..platforms.base import Platform
 from ..settings import Settings
 from ..tasks import Task
 from ..verdicts import Rejected, Verdict
-from .job import run_job
+from .job import compile_jail, run_job
 from .measure import OUTPUT_IN_RECORD, figures, measure, trust
 from .plan import InfraError, JobRunner, Plan
 from .result import ItemResult
@@ -77,7 +77,11 @@ def _run(task: Task, world: int, candidate: Candidate, platform: Platform, setti
     solution = regions.merge_reply(template, reply.text)
     settings.work.mkdir(parents=True, exist_ok=True)
     (settings.work / f"solution{task.suffix}").write_text(solution)
-    artifact = platform.build(task, solution, settings.cache)
+    if not settings.unsandboxed and sandbox.probe():
+        raise InfraError(f"no job sandbox on this machine ({sandbox.probe()}); "
+                         "--commbench-unsandboxed runs without one")
+    with build.jailed(compile_jail(settings)):  # the answer's compilers never see the references
+        artifact = platform.build(task, solution, settings.cache)
     if settings.compile_only:
         result.compile_only = True
         result.verdict = Verdict.PASS
@@ -108,9 +112,6 @@ def _run(task: Task, world: int, candidate: Candidate, platform: Platform, setti
                                       task.check.trials, 0))
             if task.check.late_rank:
                 make_late(cases[-1], rng, len(cases) - 1)
-    if not settings.unsandboxed and sandbox.probe():
-        raise InfraError(f"no job sandbox on this machine ({sandbox.probe()}); "
-                         "--commbench-unsandboxed runs without one")
     artifacts = {"ref": ref_artifact.path, "sol": artifact.path} if timed else {"sol": artifact.path}
     with platform.lease(world, exclusive=timed and not settings.shared_node,
                         whole=timed) as lease_env:

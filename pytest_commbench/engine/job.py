@@ -5,13 +5,14 @@ by the observer, and the outcome judged with who is to blame for a failure."""
 from __future__ import annotations
 
 import hashlib
+import os
 import shutil
 import time
 from pathlib import Path
 
 import numpy as np
 
-from .. import cupti_guard, interposer, observer, sandbox
+from .. import build, cupti_guard, interposer, observer, sandbox
 from ..build import ALWAYS_FORBIDDEN_C, native_forbid, task_forbid
 from ..launch import Job, find_mpiexec, mpi_env
 from ..rank import protocol
@@ -45,6 +46,31 @@ def hidden(settings: Settings) -> list[Path]:
     trees = [settings.references, settings.references.parent, settings.cache,
              settings.work.parent, *settings.hide]
     return [t for t in trees if t and Path(t).resolve() != Path("/")]
+
+
+#: what of the controller's environment a jailed compiler gets (its toolkit's, the locale)
+COMPILE_ENV = ("PATH", "LANG", "LC_ALL", "LD_LIBRARY_PATH", *sandbox.PREFIX_VARS)
+COMPILE_ENV_PREFIXES = ("CUDA", "NVCC", "COMMBENCH_NVCC", "HIP", "ROCM", "HSA")
+
+
+def compile_jail(settings: Settings) -> build.Jail | None:
+    """The sandbox an answer's compilers run in (`build.jailed`): a job's view of the machine
+    (the references, the project, the build cache and every item's files hidden), the
+    build's own folder its only writable place, and besides the system only the folders the
+    recipe's command names. None where jobs run without a sandbox."""
+    if settings.unsandboxed:
+        return None
+    hide = hidden(settings)
+
+    def wrap(cmd: list[str], work: Path) -> list[str]:
+        env = {k: v for k, v in os.environ.items()
+               if k in COMPILE_ENV or k.startswith(COMPILE_ENV_PREFIXES)}
+        env.setdefault("PATH", "/usr/local/bin:/usr/bin:/bin")
+        (work / "ro").mkdir(exist_ok=True)  # a job folder's read-only part (empty here)
+        return sandbox.wrap(work, cmd, env, hide=hide,
+                            also_keep=build.paths_named(cmd, work))
+
+    return wrap, sandbox.SETUP_FAILED, sandbox.LIMIT_EXIT
 
 
 def interposer_for(task: Task, settings: Settings, on_cuda: bool = True) -> Path | None:

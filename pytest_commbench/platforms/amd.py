@@ -13,13 +13,42 @@ amdgpu driver, with or without ROCm's tools: each node has a `properties` file o
 the minor and the stepping are written in hex in the gfx name.
 
 Where the KFD tree cannot be read (a container that does not mount it), ROCm's tools say the
-same: `rocminfo` (each GPU agent's gfx name and marketing name) and `rocm-smi --showtopo`
-(its "Link Type between two GPUs" matrix: XGMI or PCIE). amd-smi's output is not read: its
-formats have changed between ROCm releases and none could be checked here.
+same, in this order:
+
+1. `amd-smi` (ROCm's tool since 5.7): `amd-smi static --asic --json` (each GPU's
+   `target_graphics_version`, `market_name` and `device_id`) and
+   `amd-smi topology --link-type --json` (the link type between each pair: XGMI or PCIE).
+   `amd-smi list --json` is not used: it has only bus ids, UUIDs and KFD ids.
+2. Else `rocminfo` (each GPU agent's gfx name and marketing name) and `rocm-smi --showtopo`
+   (its "Link Type between two GPUs" matrix: XGMI or PCIE).
+
+Where amd-smi names the GPUs but not their gfx (releases before 6.3), rocminfo's names fill
+it in when it lists as many GPUs; where amd-smi's topology is not understood, rocm-smi's is
+used. A tool that is missing, exits non-zero, or prints what its parser does not understand
+counts as absent.
+
+The amd-smi shapes accepted were read from its CLI source (ROCm/amdsmi's amdsmi_cli at the
+rocm-5.7.0 to rocm-6.2.2 tags and as of October 2024, and ROCm/rocm-systems' copy of the 7.x
+source), not from the output of a real machine: none could be run here.
+
+- `static --asic --json`: a list of `{"gpu": N, "asic": {...}}` (5.7 to 6.3; in 5.7 and
+  6.0 one GPU's object comes without the list where there is one GPU); the list inside
+  `{"gpu_data": [...], "cpu_data": [...], ...}` (7.x; not in the October 2024 source).
+  `target_graphics_version` ("gfx942") is there from the October 2024 source on (6.3), not
+  in 6.2.2 and before; `device_id` is a hex string ("0x74a5"), an integer is taken too.
+  The October 2024 source makes the gfx name from KFD's version in decimal, which is right
+  for gfx942 and gfx950 but not where the minor is 0 or a digit is hex (gfx90a, gfx1100);
+  the name is taken as printed.
+- `topology --link-type --json`: a list, one object per source GPU, with
+  `"links": [{"gpu": M, "link_type": "XGMI"}, ...]` (6.1.1 and later) or with
+  `"link_type": {"gpu_M": "XGMI", ...}` (5.7 to 6.1.0); "SELF" for a GPU and itself. The
+  `{"gpu_data": [...]}` envelope is taken here too, though no source read prints topology so.
 """
 
 from __future__ import annotations
 
+import importlib.metadata
+import json
 import os
 import re
 import shutil
@@ -166,22 +195,122 @@ def parse_rocm_smi_links(text: str) -> list[list[str]]:
     return rows
 
 
-def tool_gpus() -> list[AmdGpu]:
-    """The AMD GPUs as ROCm's tools list them (rocminfo; links from rocm-smi --showtopo)."""
-    agents = parse_rocminfo(_run(["rocminfo"]))
-    links = parse_rocm_smi_links(_run(["rocm-smi", "--showtopo"])) if agents else []
+def _json(text: str) -> Any:
+    """The JSON document of a tool's output (after any lines of warnings before it), or None."""
+    decoder = json.JSONDecoder()
+    for m in re.finditer(r"^\s*[\[{]", text, flags=re.M):
+        try:
+            return decoder.raw_decode(text[m.end() - 1:])[0]
+        except (ValueError, RecursionError):
+            continue
+    return None
+
+
+def _amd_smi_entries(text: str) -> list[dict]:
+    """The per-GPU objects of an amd-smi --json output, whichever of its shapes it has."""
+    data = _json(text)
+    if isinstance(data, dict):
+        data = data["gpu_data"] if "gpu_data" in data else [data]
+    if not isinstance(data, list) or not all(isinstance(e, dict) for e in data):
+        return []
+    return data
+
+
+def _hex_or_int(value: Any) -> int:
+    if _is_index(value):
+        return value
+    try:
+        return int(str(value), 0)
+    except ValueError:
+        return 0
+
+
+def parse_amd_smi_gpus(text: str) -> list[tuple[str, str, int]]:
+    """(gfx name, market name, PCI device id) of each GPU of `amd-smi static --asic --json`, in
+    its order; "" and 0 for what it does not say. [] where the output is not understood."""
+    found = []
+    for entry in _amd_smi_entries(text):
+        asic = entry.get("asic")
+        if not isinstance(asic, dict):
+            return []
+        gfx = str(asic.get("target_graphics_version", "")).strip().lower()
+        market = str(asic.get("market_name", "")).strip()
+        found.append((gfx if re.fullmatch(r"gfx[0-9a-f]+", gfx) else "",
+                      "" if market == "N/A" else market, _hex_or_int(asic.get("device_id"))))
+    return found
+
+
+def parse_amd_smi_links(text: str) -> list[list[str]]:
+    """The link type between each pair of GPUs of `amd-smi topology --link-type --json`, in the
+    form of parse_rocm_smi_links (X on the diagonal, where amd-smi says SELF; XGMI, PCIE, or
+    what else it says, upper-cased). [] where the output is not understood."""
+    entries = _amd_smi_entries(text)
+    ids = [e.get("gpu", i) for i, e in enumerate(entries)]
+    if not all(_is_index(i) for i in ids) or len(set(ids)) != len(ids):
+        return []
+    rows: list[dict[int, Any]] = []
+    for entry in entries:
+        links, by_key = entry.get("links"), entry.get("link_type")
+        if isinstance(links, list):  # 6.1.1 and later: [{"gpu": 1, "link_type": "XGMI"}]
+            if not all(isinstance(link, dict) and _is_index(link.get("gpu")) for link in links):
+                return []
+            rows.append({link["gpu"]: link.get("link_type") for link in links})
+        elif isinstance(by_key, dict):  # 5.7 to 6.1.0: {"gpu_1": "XGMI"}
+            if not all(re.fullmatch(r"gpu_\d+", key) for key in by_key):
+                return []
+            rows.append({int(key[4:]): kind for key, kind in by_key.items()})
+        else:
+            return []
+    out = []
+    for i, row in enumerate(rows):
+        kinds = [row.get(dest) for dest in ids]
+        if set(row) != set(ids) or not all(isinstance(k, str) and k for k in kinds):
+            return []
+        out.append(["X" if j == i else kind.upper() for j, kind in enumerate(kinds)])
+    return out
+
+
+def _is_index(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _model(device: int, name: str, gfx: str) -> str:
+    return DEVICE_IDS.get(device) or next((m for m in DEVICE_IDS.values() if m in name),
+                                          name or gfx)
+
+
+def _tool_gpus(found: list[tuple[str, str, int]], links: list[list[str]]) -> list[AmdGpu]:
     gpus = []
-    for i, (gfx, marketing) in enumerate(agents):
-        model = next((m for m in DEVICE_IDS.values() if m in marketing), marketing or gfx)
-        gpu = AmdGpu(i, i + 1, gfx, 0, model)
-        if len(links) == len(agents):
+    for i, (gfx, name, device) in enumerate(found):
+        gpu = AmdGpu(i, i + 1, gfx, device, _model(device, name, gfx))
+        if len(links) == len(found):
             gpu.links = {j: (kind, 0) for j, kind in enumerate(links[i]) if j != i}
         gpus.append(gpu)
     return gpus
 
 
+def tool_gpus() -> list[AmdGpu]:
+    """The AMD GPUs as ROCm's tools list them: amd-smi's (static --asic; links from
+    topology --link-type), else rocminfo's (links from rocm-smi --showtopo)."""
+    found = parse_amd_smi_gpus(_run(["amd-smi", "static", "--asic", "--json"]))
+    if found:
+        links = parse_amd_smi_links(_run(["amd-smi", "topology", "--link-type", "--json"]))
+        if any(not gfx for gfx, _name, _device in found):  # amd-smi before 6.3 has no gfx
+            agents = parse_rocminfo(_run(["rocminfo"]))
+            if len(agents) == len(found):
+                found = [(gfx or agent_gfx, name, device) for (gfx, name, device), (agent_gfx, _m)
+                         in zip(found, agents)]
+    else:
+        found = [(gfx, name, 0) for gfx, name in parse_rocminfo(_run(["rocminfo"]))]
+        links = []
+    if found and len(links) != len(found):
+        links = parse_rocm_smi_links(_run(["rocm-smi", "--showtopo"]))
+    return _tool_gpus(found, links)
+
+
 def gpus() -> list[AmdGpu]:
-    """This machine's AMD GPUs: the KFD topology's, else ROCm's tools'."""
+    """This machine's AMD GPUs: the KFD topology's, else ROCm's tools' (amd-smi, else rocminfo
+    and rocm-smi)."""
     return kfd_gpus() or tool_gpus()
 
 
@@ -210,6 +339,13 @@ def generic_profile() -> GpuProfile | None:
                       frozenset(features), languages=("hip",))
 
 
+def cupy_for_rocm() -> bool:
+    """Whether cupy's ROCm build is installed (its wheels are named cupy-rocm-<version>), which
+    the ranks' HIP backend runs on; found without importing it."""
+    return any((d.metadata["Name"] or "").lower().startswith("cupy-rocm")
+               for d in importlib.metadata.distributions())
+
+
 class AmdPlatform(GpuPlatform):
     backend = "hip"
     VISIBLE_ENV = "HIP_VISIBLE_DEVICES"
@@ -223,10 +359,15 @@ class AmdPlatform(GpuPlatform):
     def tool_reason(self, task: Task, world: int) -> str | None:
         if rocm_path() is None and not shutil.which("clang++-19"):
             return "no HIP compiler (ROCm's amdclang++, or Debian's clang-19)"
-        if not self.compile_only:
-            return ("the ranks have no AMD device backend yet (nothing has run on an AMD GPU): "
-                    "--commbench-compile-only builds each answer for "
+        if self.compile_only:
+            return None
+        if not cupy_for_rocm():
+            return ("the ranks' HIP backend needs cupy's ROCm build (a cupy-rocm-* package), "
+                    "and none is installed: --commbench-compile-only builds each answer for "
                     f"{self.profile.arch} and stops there")
+        if self.shared(world):
+            return ("ranks sharing an AMD GPU were never tried (AMD has no MPS): "
+                    "--commbench-ranks-per-gpu=1 gives each rank a GPU of its own")
         return None
 
     def build(self, task: Task, source: str, cache_dir: Path):

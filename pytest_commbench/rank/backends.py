@@ -1,4 +1,5 @@
-"""Where buffers live. The CPU backend keeps them in host memory as numpy arrays."""
+"""Where buffers live. The CPU backend keeps them in host memory as numpy arrays; a device
+backend (`gpu.DeviceBackend`, one per vendor of `protocol.DEVICE_VENDORS`) on the GPU."""
 
 from __future__ import annotations
 
@@ -6,11 +7,12 @@ import time
 
 import numpy as np
 
-from .protocol import poison_value
+from .protocol import DEVICE_VENDORS, poison_value
 
 
 class HostBackend:
     name = "cpu"
+    device = False  # buffers in host memory; no GPU world to set up
     staged = False  # the solution works on the data segment itself
 
     def empty(self, shape, dtype) -> np.ndarray:
@@ -39,8 +41,10 @@ class HostBackend:
 
 
 def make_backend(name: str):
-    if name == "cuda":
-        from .gpu import CudaBackend  # imports cupy: only where there is a GPU
+    if name in DEVICE_VENDORS:
+        from .gpu import DeviceBackend  # imports cupy: only where there is a GPU
 
-        return CudaBackend()
+        return DeviceBackend(DEVICE_VENDORS[name])
+    if name != "cpu":
+        raise ValueError(f"no rank backend {name!r} (cpu, {', '.join(DEVICE_VENDORS)})")
     return HostBackend()

@@ -1,5 +1,8 @@
 """GPU side of a rank: device buffers (cupy), the world a solution asks for (a stream, an NCCL
-communicator, a CUDA-IPC-shared workspace), and the C ABI of compiled solutions."""
+(RCCL) communicator, an IPC-shared workspace), and the C ABI of compiled solutions. The vendor
+(`protocol.DeviceVendor`) decides which runtime cupy must be built for, which library NCCL's API
+comes from and whether ranks sharing a GPU are MPS clients; the rest is the same code, cupy's
+runtime module being CUDA's or HIP's under the same names."""
 
 from __future__ import annotations
 
@@ -10,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from .protocol import ENV_RANK_CPUS, NATIVE_LANGUAGES, poison_value
+from .protocol import DEVICE_VENDORS, ENV_RANK_CPUS, NATIVE_LANGUAGES, DeviceVendor, poison_value
 
 MAX_RANKS, MAX_BUFFERS, MAX_PARAMS = 16, 8, 8  # as in include/commbench.h
 # the host helpers carry set-up data (ids, handles, a few counts), never a task's payload
@@ -18,17 +21,24 @@ HOST_BYTES = 4096
 HOST_REFUSED = 2  # their return value where they are not for this call
 
 
-class CudaBackend:
-    """Buffers are cupy arrays over plain cudaMalloc allocations (not the memory pool), so a
-    buffer's CUDA IPC handle maps exactly that buffer in the peers."""
+class DeviceBackend:
+    """Buffers are cupy arrays over plain device allocations (cudaMalloc or hipMalloc, not the
+    memory pool), so a buffer's IPC handle maps exactly that buffer in the peers."""
 
-    name = "cuda"
+    device = True
     staged = True  # inputs and outputs are copied between the data segment and the device
 
-    def __init__(self) -> None:
+    def __init__(self, vendor: DeviceVendor = DEVICE_VENDORS["cuda"]) -> None:
         import cupy
 
-        self.cp = cupy
+        built_for = "hip" if getattr(cupy.cuda.runtime, "is_hip", False) else "cuda"
+        if built_for != vendor.runtime:
+            raise RuntimeError(
+                f"the {vendor.name} backend needs cupy built for {vendor.runtime.upper()}; the "
+                f"cupy here is built for {built_for.upper()}"
+                + (" (install cupy's ROCm build, a cupy-rocm-* package)"
+                   if vendor.runtime == "hip" else ""))
+        self.vendor, self.name, self.cp = vendor, vendor.name, cupy
 
     def empty(self, shape, dtype):
         cp = self.cp
@@ -104,7 +114,7 @@ def keep_timing_thread_apart() -> None:
                 pass  # the thread has exited
 
 
-def share_gpu(job, rank: int, size: int, local: int) -> None:
+def share_gpu(job, rank: int, size: int, local: int, vendor: DeviceVendor) -> None:
     """Shared placement, before any CUDA context or NCCL exists in this process:
     - NCCL refuses two ranks of one communicator on one GPU, unless each rank is a host of
       its own (they then meet over the network transport, sockets on loopback);
@@ -119,7 +129,7 @@ def share_gpu(job, rank: int, size: int, local: int) -> None:
     os.environ["NCCL_HOSTID"] = f"{socket.gethostname()}-rank{rank}"
     first = local // per_gpu * per_gpu
     here = max(1, min(per_gpu, size - first))  # ranks on this rank's GPU
-    if here > 1:
+    if here > 1 and vendor.mps:
         os.environ["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(100 // here)
 
 
@@ -136,20 +146,20 @@ class NcclUniqueId(ctypes.Structure):
     _fields_ = [("internal", ctypes.c_char * 128)]
 
 
-def nccl_library(folder: str | None) -> ctypes.CDLL:
-    """The NCCL the solution links (same soname, so one instance in the process); the
-    controller names its folder in the job file."""
-    path = os.path.join(folder, "libnccl.so.2") if folder else "libnccl.so.2"
+def nccl_library(folder: str | None, soname: str = "libnccl.so.2") -> ctypes.CDLL:
+    """The NCCL (RCCL: `soname`) the solution links (same soname, so one instance in the
+    process); the controller names its folder in the job file."""
+    path = os.path.join(folder, soname) if folder else soname
     return ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
 
 
 class GpuWorld:
     """What every call on this rank shares: device, stream, NCCL communicator, workspace."""
 
-    def __init__(self, job, world, harness, rank: int, size: int) -> None:
-        import cupy as cp
-
+    def __init__(self, job, world, harness, rank: int, size: int, backend: DeviceBackend) -> None:
+        cp = backend.cp
         self.cp, self.harness, self.rank, self.size = cp, harness, rank, size
+        self.backend = backend
         self.local_rank = local_rank(world)
         ndev = cp.cuda.runtime.getDeviceCount()
         # shared placement: local ranks r*N .. r*N+N-1 on the r-th GPU the job was given
@@ -162,7 +172,7 @@ class GpuWorld:
         self.nccl = None
         if "nccl" in fixtures:
             if job.language in NATIVE_LANGUAGES:
-                self.nccl_ptr = self._nccl_comm_c(job.nccl_lib)
+                self.nccl_ptr = self._nccl_comm_c(job.nccl_lib, backend.vendor.collectives)
             else:
                 from cupy.cuda import nccl
 
@@ -177,14 +187,13 @@ class GpuWorld:
         self.opened: list[int] = []
         nbytes = int(job.workspace_bytes or 0)
         if nbytes:
-            backend = CudaBackend()
             self.workspace = backend.empty((nbytes,), np.uint8)
             self.workspace.fill(0)
             cp.cuda.runtime.deviceSynchronize()
             self.peer_workspace = self.exchange([self.workspace.data.ptr])[0]
 
-    def _nccl_comm_c(self, folder: str | None) -> int:
-        lib = nccl_library(folder)
+    def _nccl_comm_c(self, folder: str | None, soname: str) -> int:
+        lib = nccl_library(folder, soname)
         lib.ncclCommInitRank.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_int,
                                          NcclUniqueId, ctypes.c_int]
         uid = NcclUniqueId()
@@ -203,7 +212,7 @@ class GpuWorld:
         return int(comm.value)
 
     def exchange(self, ptrs: list[int]) -> list[list[int]]:
-        """Map every rank's allocations through CUDA IPC: result[i][r] is rank r's i-th
+        """Map every rank's allocations through IPC (CUDA's or HIP's): result[i][r] is rank r's i-th
         pointer as seen here (our own pointers as they are)."""
         rt = self.cp.cuda.runtime
         handles = [rt.ipcGetMemHandle(p) for p in ptrs]

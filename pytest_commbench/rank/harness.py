@@ -261,14 +261,14 @@ def run(job: JobSpec, rank: int, status: Status, link: Link) -> None:
     scratch.mkdir(parents=True, exist_ok=True)
     extra: dict[str, Any] = {}
     gpu = None
-    if backend.name == "cuda":
+    if backend.device:
         from .gpu import GpuWorld, local_rank, pin_cpus, share_gpu
 
-        share_gpu(job, rank, size, local_rank(world))
+        share_gpu(job, rank, size, local_rank(world), backend.vendor)
         pin_cpus(local_rank(world))
         status.update(phase="set up the GPU world")
         harness = world.Dup()
-        gpu = GpuWorld(job, world, harness, rank, size)
+        gpu = GpuWorld(job, world, harness, rank, size, backend)
         extra = {"device": gpu.device, "local_rank": gpu.local_rank, "stream": gpu.stream,
                  "nccl": gpu.nccl}
         if gpu.torch is not None:  # torch tasks: the process group, the stream as torch's
@@ -327,7 +327,7 @@ class Calls:
         self.backend, self.fn = backend, fn
         self.wrap = None  # how a buffer is handed to a Python solution (None: as it is)
         self.apart = lambda: None
-        if backend.name == "cuda":  # imported now: the harness imports nothing once guarded
+        if backend.device:  # imported now: the harness imports nothing once guarded
             from .gpu import keep_timing_thread_apart
 
             self.apart = keep_timing_thread_apart
@@ -364,7 +364,7 @@ class Calls:
 
     def case(self, index: int, case: dict, ctx: Context) -> None:
         b = self.backend
-        if b.name == "cuda":
+        if b.device:
             self.apart()
         bufs: dict[str, Any] = {}
         shared: dict[str, np.ndarray] = {}

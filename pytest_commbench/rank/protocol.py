@@ -91,6 +91,25 @@ NATIVE_LANGUAGES = ("cuda", "hip")
 
 
 @dataclass(frozen=True)
+class DeviceVendor:
+    """What the ranks' device backend does differently by GPU vendor (the job's `backend`
+    names one; "cpu" is the host backend). Buffers, streams and IPC go through cupy, whose
+    `cupy.cuda.runtime` is CUDA's or, in cupy's ROCm build, HIP's, under the same names; NCCL's
+    API is RCCL's by name, from a library of another name."""
+
+    name: str  # the job's backend
+    runtime: str  # the runtime cupy must be built for ("cuda" or "hip")
+    collectives: str  # the soname of the library behind NCCL's API
+    mps: bool  # ranks sharing a GPU are MPS clients, each with an equal share of its SMs
+
+
+DEVICE_VENDORS = {
+    "cuda": DeviceVendor("cuda", "cuda", "libnccl.so.2", mps=True),
+    "hip": DeviceVendor("hip", "hip", "librccl.so.1", mps=False),
+}
+
+
+@dataclass(frozen=True)
 class JobSpec:
     """What the controller tells every rank of a job (`JOB_FILE`, written once before the
     launch, read-only to the job): the solution and how to load it, the job's folders, its
@@ -99,14 +118,14 @@ class JobSpec:
     solution: str  # the built solution (or the Python source) staged in the job's folder
     entry: str  # the function a Python solution exports
     language: str  # python | cuda | ...
-    backend: str  # cpu (host MPI) | cuda (staged, GPU)
+    backend: str  # cpu (host MPI) | a DEVICE_VENDORS name: cuda, hip (staged, GPU)
     out: str  # the job's out folder (status, stack and guard files)
     scratch: str  # a folder the ranks may write (one per rank beneath it)
     job_dir: str  # the job's folder, where its socket is
     cases: list = field(default_factory=list)  # [{"id", "args", "params"}], in order
     fixtures: list = field(default_factory=list)  # harness pieces the task asks for
     workspace_bytes: int = 0  # a zeroed device workspace shared through IPC (GPU)
-    nccl_lib: str | None = None  # the NCCL library the ranks' communicator comes from
+    nccl_lib: str | None = None  # the folder of the NCCL (RCCL) the ranks' communicator is from
     deadline_s: float = 0.0  # the job's deadline (a hung rank's stacks are written before)
     ranks_per_gpu: int = 1  # ranks sharing one GPU (shared placement)
     audit: bool = True  # a Python solution runs under the audit-hook guard
