@@ -54,7 +54,7 @@ PACKAGE = Path(__file__).resolve().parent
 SYSTEM_TREES = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc")
 # variables that name where a toolkit or MPI lives
 PREFIX_VARS = ("CUDA_HOME", "CUDA_PATH", "OPAL_PREFIX", "MPI_HOME", "NCCL_HOME",
-               "NVSHMEM_HOME", "UCX_HOME")
+               "NVSHMEM_HOME", "UCX_HOME", "ROCM_PATH", "HIP_PATH")
 
 
 def unshare_argv() -> list[str] | None:
@@ -107,14 +107,14 @@ def _loader_folders(conf: str = "/etc/ld.so.conf", depth: int = 0) -> list[str]:
 
 def system_keep(env: Mapping[str, str] | None = None) -> list[str]:
     """The trees besides the system's own that a job usually needs on this machine, where
-    they exist: the CUDA toolkits and driver folders under /usr/local, /usr/local/lib and
-    /usr/local/bin, the prefix of the MPI in use (its `mpiexec`, daemons, components and
-    help files), the prefixes the job's environment names (CUDA_HOME, OPAL_PREFIX, ...),
+    they exist: the CUDA toolkits and driver folders under /usr/local, ROCm's /opt/rocm*,
+    /usr/local/lib and /usr/local/bin, the prefix of the MPI in use (its `mpiexec`, daemons,
+    components and help files), the prefixes the job's environment names (CUDA_HOME, OPAL_PREFIX, ...),
     the folders of the job's LD_LIBRARY_PATH and those the dynamic loader is configured
     with (/etc/ld.so.conf: e.g. /opt/amazon/efa/lib for NCCL's network plugin)."""
     env = os.environ if env is None else env
     found = ["/usr/local/bin", "/usr/local/lib", "/usr/local/nvidia",
-             *sorted(glob.glob("/usr/local/cuda*"))]
+             *sorted(glob.glob("/usr/local/cuda*")), *sorted(glob.glob("/opt/rocm*"))]
     mpiexec = find_mpiexec()
     if mpiexec:
         found.append(str(Path(mpiexec).resolve().parent.parent))
