@@ -405,3 +405,16 @@ def test_amd_smi_topology_shapes(text, expected):
 ])
 def test_amd_smi_output_not_understood_is_nothing(text):
     assert amd.parse_amd_smi_gpus(text) == [] and amd.parse_amd_smi_links(text) == []
+
+
+def test_the_fingerprint_names_rccls_version_from_its_header(tmp_path, monkeypatch):
+    header = tmp_path / "rocm" / "include" / "rccl" / "rccl.h"
+    header.parent.mkdir(parents=True)
+    header.write_text("#define NCCL_MAJOR 2\n#define NCCL_MINOR 22\n#define NCCL_PATCH 3\n"
+                      "#define NCCL_SUFFIX \"\"\n")
+    assert amd.rccl_version(tmp_path / "rocm", roots=()) == "2.22.3"
+    assert amd.rccl_version(None, roots=(tmp_path / "rocm",)) == "2.22.3"
+    assert amd.rccl_version(tmp_path / "none", roots=(tmp_path / "none",)) is None
+    monkeypatch.setattr(amd, "rocm_path", lambda: tmp_path / "rocm")
+    monkeypatch.setattr(amd, "gpus", lambda: [])
+    assert make("mi325x").fingerprint()["rccl"] == "2.22.3"

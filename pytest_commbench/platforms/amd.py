@@ -339,6 +339,20 @@ def generic_profile() -> GpuProfile | None:
                       frozenset(features), languages=("hip",))
 
 
+def rccl_version(rocm: Path | None, roots: tuple[Path, ...] = (Path("/usr"),)) -> str | None:
+    """RCCL's version as its header states it (NCCL's MAJOR.MINOR.PATCH, which RCCL keeps),
+    from ROCm's include folder, else a distribution's; None where no RCCL header is here."""
+    for root in ([rocm] if rocm else []) + list(roots):
+        try:
+            text = (root / "include" / "rccl" / "rccl.h").read_text(errors="replace")
+        except OSError:
+            continue
+        parts = [re.search(rf"#define\s+NCCL_{p}\s+(\d+)", text) for p in ("MAJOR", "MINOR", "PATCH")]
+        if all(parts):
+            return ".".join(m.group(1) for m in parts)
+    return None
+
+
 def cupy_for_rocm() -> bool:
     """Whether cupy's ROCm build is installed (its wheels are named cupy-rocm-<version>), which
     the ranks' HIP backend runs on; found without importing it."""
@@ -395,4 +409,7 @@ class AmdPlatform(GpuPlatform):
                 continue
         if len(here) > 1:
             info["gpu0_gpu1_link"] = link_matrix(here)[0][1]
+        rccl = rccl_version(rocm_path())
+        if rccl:
+            info["rccl"] = rccl
         return info
