@@ -282,6 +282,7 @@ def default_limits(job_dir: Path | str) -> dict[str, Any]:
         "scratch_bytes": SCRATCH_BYTES,
         "scratch_files": SCRATCH_FILES,
         "disk_reserve_bytes": disk_reserve(job_dir),
+        "data_bytes": None,  # no per-process memory limit (GPU ranks map much; see below)
     }
 
 

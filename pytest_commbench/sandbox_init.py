@@ -459,6 +459,9 @@ def set_rlimits(limits: dict, nproc: bool) -> None:
     fsize = limits.get("fsize_bytes")
     if fsize:
         resource.setrlimit(resource.RLIMIT_FSIZE, (int(fsize), int(fsize)))
+    data = limits.get("data_bytes")  # each process's heap and private mappings (a compiler's)
+    if data:
+        resource.setrlimit(resource.RLIMIT_DATA, (int(data), int(data)))
     if nproc and limits.get("pids_max"):
         count = int(limits["pids_max"])
         resource.setrlimit(resource.RLIMIT_NPROC, (count, count))

@@ -106,3 +106,21 @@ def test_an_answer_that_builds_the_reference_into_itself_is_a_compile_error(benc
     assert record["verdict"] == "compile_error", record
     bench.run("--platform=mi325x", "--commbench-compile-only", "--commbench-unsandboxed",
               answer).assert_outcomes(passed=1)
+
+
+@needs_sandbox
+@needs_cc
+def test_a_source_that_reads_an_endless_file_is_a_compile_error_within_the_memory_limit(
+        tmp_path, monkeypatch):
+    """`#include "/dev/zero"`: the compiler reads until its memory limit stops it (1 GiB
+    here), and the answer's verdict is compile_error, the machine's memory untouched."""
+    from pytest_commbench.engine import job
+
+    monkeypatch.setattr(job, "COMPILE_DATA_BYTES", 1 << 30)
+    settings = _settings(tmp_path)
+    work = settings.cache / "k" / ".build-x"
+    work.mkdir(parents=True)
+    (work / "s.c").write_text('#include "/dev/zero"\n')
+    with jailed(compile_jail(settings)), pytest.raises(Rejected) as caught:
+        build._compile([CC, "-c", "-o", str(work / "s.o"), str(work / "s.c")], work)
+    assert caught.value.verdict == Verdict.COMPILE_ERROR, caught.value.message

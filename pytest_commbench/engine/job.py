@@ -51,6 +51,9 @@ def hidden(settings: Settings) -> list[Path]:
 #: what of the controller's environment a jailed compiler gets (its toolkit's, the locale)
 COMPILE_ENV = ("PATH", "LANG", "LC_ALL", "LD_LIBRARY_PATH", *sandbox.PREFIX_VARS)
 COMPILE_ENV_PREFIXES = ("CUDA", "NVCC", "COMMBENCH_NVCC", "HIP", "ROCM", "HSA")
+#: the memory each process of a jailed build may take (RLIMIT_DATA): a source can make a
+#: compiler read an endless file (`#include "/dev/zero"`) or instantiate without end
+COMPILE_DATA_BYTES = 8 << 30
 
 
 def compile_jail(settings: Settings) -> build.Jail | None:
@@ -67,7 +70,8 @@ def compile_jail(settings: Settings) -> build.Jail | None:
                if k in COMPILE_ENV or k.startswith(COMPILE_ENV_PREFIXES)}
         env.setdefault("PATH", "/usr/local/bin:/usr/bin:/bin")
         (work / "ro").mkdir(exist_ok=True)  # a job folder's read-only part (empty here)
-        return sandbox.wrap(work, cmd, env, hide=hide,
+        limits = {"data_bytes": min(COMPILE_DATA_BYTES, sandbox.memory_bytes() // 2)}
+        return sandbox.wrap(work, cmd, env, hide=hide, limits=limits,
                             also_keep=build.paths_named(cmd, work))
 
     return wrap, sandbox.SETUP_FAILED, sandbox.LIMIT_EXIT
