@@ -173,6 +173,11 @@ def render(records: list[dict], write_line: WriteLine, write_sep: WriteSep,
         if shared:
             write_line("ranks shared GPUs (--commbench-ranks-per-gpu): verdicts hold, but the "
                        "timings are of ranks sharing one device, not NVLink figures")
+        built = [r for r in solutions if r.get("compile_only")]
+        if built:
+            ok = sum(1 for r in built if r["verdict"] == Verdict.PASS)
+            write_line(f"compile only (--commbench-compile-only): {ok} of {len(built)} answers "
+                       "built, none ran; they are not counted in the scores below")
         doubtful = unreadable(solutions)
         if doubtful:
             write_line(f"speedups not to be read as they stand ({len(doubtful)}): "

@@ -26,6 +26,15 @@ BANDS = ((1.20, "Better"), (0.95, "Comparable"), (0.60, "Degraded"), (0.0, "Seve
 # killed it) is applicable and not passed: a solution must not turn a fail into "not
 # applicable" by taking its own process down
 NOT_APPLICABLE = ("skipped", "infra_error")
+
+
+def scored(record: dict) -> bool:
+    """Does the record count in the scores? Not where the platform could not run the task or
+    the harness failed, and not an answer of a compile-only run (`--commbench-compile-only`:
+    it was built, never run, so neither its builds nor its compile errors are a Pass Rate)."""
+    return record["verdict"] not in NOT_APPLICABLE and not record.get("compile_only")
+
+
 # a mutant that was not judged (the checker's test, not a model's: nothing to charge)
 MUTANT_UNJUDGED = (*NOT_APPLICABLE, "aborted")
 
@@ -115,7 +124,7 @@ def per_task(records: Iterable[dict]) -> list[dict]:
         if len(items) == 1:
             out.append(items[0])
             continue
-        applicable = [r for r in items if r["verdict"] not in NOT_APPLICABLE]
+        applicable = [r for r in items if scored(r)]
         first = (applicable or items)[0]
         failing = [r for r in applicable if r["verdict"] != Verdict.PASS]
         task = dict(first)
@@ -144,7 +153,7 @@ def score(records: Iterable[dict]) -> Scores:
     """Scores over solution records (mutant records are the checker's test, not a model's),
     task by task as the paper scores them (`per_task`: a task's world sizes are one result)."""
     recs = per_task(r for r in records if r.get("kind", "solution") == "solution")
-    applicable = [r for r in recs if r["verdict"] not in NOT_APPLICABLE]
+    applicable = [r for r in recs if scored(r)]
     passes = [r for r in applicable if r["verdict"] == Verdict.PASS]
     good = [r for r in passes if r.get("speedup") is not None and r["speedup"] >= GOOD]
     n = len(applicable)
@@ -232,7 +241,7 @@ def bootstrap(records: Iterable[dict], resamples: int = RESAMPLES, seed: int = B
     point = score(records)
     clusters: dict[object, list[dict]] = {}
     for t in per_task(records):
-        if t["verdict"] not in NOT_APPLICABLE:
+        if scored(t):
             clusters.setdefault(t.get("task") or t.get("nodeid") or id(t), []).append(t)
     n = len(clusters)
     if n == 0:
@@ -276,7 +285,7 @@ def pass_at_ks(records: list[dict]) -> list[tuple[int, float]]:
     samples: dict[str, list[bool]] = {}
     for t in per_task(records):
         if re.fullmatch(r"s\d+", str(t.get("candidate", ""))) and \
-                t["verdict"] not in NOT_APPLICABLE:
+                scored(t):
             samples.setdefault(t.get("task"), []).append(t["verdict"] == Verdict.PASS)
     if not samples:
         return []
@@ -295,7 +304,7 @@ def passes_by_round(records: list[dict]) -> list[tuple[int, int]]:
         return []
     tasks: dict[tuple, list[dict]] = {}
     for r in records:
-        if r["verdict"] not in NOT_APPLICABLE:
+        if scored(r):
             tasks.setdefault((r.get("model", ""), r.get("task"), r.get("candidate", "")),
                              []).append(r)
     out = []

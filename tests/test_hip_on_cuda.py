@@ -142,11 +142,15 @@ def test_compile_only_builds_answers_for_gfx942_on_a_machine_without_amd_gpus(be
     assert record["compile_only"] is True and record["verdict"] == "pass"
     assert record["message"] == "built for mi325x (compile only: not run)"
     assert record.get("speedup") is None
+    result.stdout.fnmatch_lines(["compile only (--commbench-compile-only): 1 of 1 answers built, "
+                                 "none ran; they are not counted in the scores below",
+                                 "Pass Rate - (0/0)*(1 not applicable)"])
     _broken_answer(bench.root)
     result = bench.run("--platform=mi325x", "--commbench-compile-only",
                        f"--commbench-model=dir:{bench.root / 'answers'}")
     result.assert_outcomes(failed=1)
     assert bench.records()[-1]["verdict"] == "compile_error"
+    assert bench.records()[-1]["compile_only"] is True  # its failure is not scored either
     refused = bench.run("--platform=mi325x")
     assert refused.ret == pytest.ExitCode.USAGE_ERROR
     refused.stderr.fnmatch_lines(["*platform mi325x needs MI325X GPUs, and none is visible*"

@@ -165,14 +165,16 @@ def test_a_shared_job_is_given_its_gpus_loopback_nccl_and_the_mps_launcher(fake_
 
 def test_each_rank_on_a_shared_gpu_is_its_own_nccl_host_with_a_share_of_the_sms(monkeypatch):
     from pytest_commbench.rank.gpu import share_gpu
+    from pytest_commbench.rank.protocol import DEVICE_VENDORS
 
+    cuda = DEVICE_VENDORS["cuda"]
     for var in ("NCCL_HOSTID", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"):
         monkeypatch.delenv(var, raising=False)
-    share_gpu(SimpleNamespace(ranks_per_gpu=1), 0, 2, 0)
+    share_gpu(SimpleNamespace(ranks_per_gpu=1), 0, 2, 0, cuda)
     assert "NCCL_HOSTID" not in os.environ
     hosts, shares = set(), []
     for rank in range(3):  # 3 ranks at up to 8 per GPU: one GPU, a third of its SMs each
-        share_gpu(SimpleNamespace(ranks_per_gpu=8), rank, 3, rank)
+        share_gpu(SimpleNamespace(ranks_per_gpu=8), rank, 3, rank, cuda)
         hosts.add(os.environ["NCCL_HOSTID"])
         shares.append(int(os.environ["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"]))
     assert len(hosts) == 3 and sum(shares) <= 100 and shares == [33, 33, 33]

@@ -30,6 +30,20 @@ def test_scores_on_a_known_mix():
     assert s.pass_x_gm == pytest.approx(0.6)
 
 
+def test_compile_only_answers_are_never_scored():
+    """A build is not a correct answer, nor a compile error of a run that runs nothing a
+    fail among passes: a compile-only run's records, whatever their verdict, stay out of
+    every score, its intervals and pass@k."""
+    built = [rec("pass", task=f"t{i}", compile_only=True) for i in range(3)]
+    broken = [rec("compile_error", task="t3", compile_only=True)]
+    ran = [rec("pass", 1.0, task="t4"), rec("wrong_answer", task="t5")]
+    s = scoring.score(built + broken + ran)
+    assert (s.applicable, s.passes, s.not_applicable) == (2, 1, 4)
+    assert s.pass_rate == pytest.approx(0.5)
+    assert scoring.bootstrap(built + broken).tasks == 0
+    assert scoring.score(built).pass_rate is None
+
+
 def test_no_applicable_tasks_gives_no_numbers():
     s = scoring.score([rec("skipped")])
     assert s.pass_rate is None and s.gm_speedup is None and s.pass_x_gm is None

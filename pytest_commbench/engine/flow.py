@@ -28,7 +28,8 @@ def evaluate(task: Task, world: int, candidate: Candidate, platform: Platform,
     """The verdict (and, timed, the speedup) of the candidate's answer: never raises; a
     failure of the harness, the reference or the model source is an `infra_error`."""
     started = time.time()
-    result = ItemResult(verdict="")
+    # a compile-only run's answers, built or not, are never scored (scoring.scored)
+    result = ItemResult(verdict="", compile_only=settings.compile_only or None)
     try:
         _run(task, world, candidate, platform, settings, result, runner)
     except Rejected as exc:
@@ -83,7 +84,6 @@ def _run(task: Task, world: int, candidate: Candidate, platform: Platform, setti
     with build.jailed(compile_jail(settings)):  # the answer's compilers never see the references
         artifact = platform.build(task, solution, settings.cache)
     if settings.compile_only:
-        result.compile_only = True
         result.verdict = Verdict.PASS
         result.message = f"built for {getattr(platform, 'profile', platform).name} " \
                          "(compile only: not run)"
