@@ -448,31 +448,51 @@ def paths_named(cmd: list[str], inside: Path) -> list[str]:
     return list(dict.fromkeys(found))
 
 
+COMPILER_LOG = ".compiler.log"  # a build's compiler output, in its own folder
+LOG_HEAD, LOG_TAIL = 64 << 10, 6000  # what of it is read: a first error line, the last words
+
+
+def _compiler_output(log: Path) -> tuple[str, str]:
+    """(the head, the tail) of a compiler's output, read from its file: however much a source
+    makes a compiler print, the controller reads a bounded part of it."""
+    try:
+        with open(log, "rb") as f:
+            head = f.read(LOG_HEAD)
+            size = os.fstat(f.fileno()).st_size
+            f.seek(max(0, size - LOG_TAIL))
+            tail = f.read(LOG_TAIL)
+    except OSError:
+        return "", ""
+    return head.decode(errors="replace").strip(), tail.decode(errors="replace").strip()
+
+
 def _compile(cmd: list[str], work: Path) -> None:
-    """Run a compiler in `work` (jailed where a build is, see `jailed`); its failure as the
-    verdict it is (the solution's compile error, or the machine's missing compiler or
-    sandbox)."""
+    """Run a compiler in `work` (jailed where a build is, see `jailed`), its output into a
+    file there; its failure as the verdict it is (the solution's compile error, or the
+    machine's missing compiler or sandbox)."""
     jail = _JAIL.get()
     argv = jail[0](cmd, work) if jail is not None else cmd
+    log = Path(work) / COMPILER_LOG
     try:
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=COMPILE_TIMEOUT_S,
-                              cwd=work)
+        with open(log, "wb") as out:
+            done = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=out,
+                                  stderr=subprocess.STDOUT, timeout=COMPILE_TIMEOUT_S, cwd=work)
     except subprocess.TimeoutExpired:
         raise Rejected(Verdict.COMPILE_ERROR,
                        f"the compiler ran past {COMPILE_TIMEOUT_S} s") from None
     except FileNotFoundError as exc:
         raise Rejected(Verdict.INFRA_ERROR, f"no compiler: {exc}") from None
+    head, tail = _compiler_output(log)
+    log.unlink(missing_ok=True)
     if jail is not None and done.returncode == jail[1]:
-        raise Rejected(Verdict.INFRA_ERROR, "the compiler's sandbox could not be set up: "
-                       + (done.stderr or done.stdout).strip()[-500:])
+        raise Rejected(Verdict.INFRA_ERROR,
+                       "the compiler's sandbox could not be set up: " + tail[-500:])
     if jail is not None and done.returncode == jail[2]:
-        raise Rejected(Verdict.COMPILE_ERROR, "the compiler went past the build's limits: "
-                       + (done.stderr or done.stdout).strip()[-500:])
+        raise Rejected(Verdict.COMPILE_ERROR,
+                       "the compiler went past the build's limits: " + tail[-500:])
     if done.returncode != 0:
-        message = (done.stderr or done.stdout).strip()
-        first = next((x for x in message.splitlines() if "error" in x), message[:200])
-        raise Rejected(Verdict.COMPILE_ERROR, f"the solution does not compile: {first}",
-                       message[-6000:])
+        first = next((x for x in head.splitlines() if "error" in x), head[:200])
+        raise Rejected(Verdict.COMPILE_ERROR, f"the solution does not compile: {first}", tail)
 
 
 # -- HIP (AMD GPUs) -----------------------------------------------------------------------------

@@ -124,3 +124,18 @@ def test_a_source_that_reads_an_endless_file_is_a_compile_error_within_the_memor
     with jailed(compile_jail(settings)), pytest.raises(Rejected) as caught:
         build._compile([CC, "-c", "-o", str(work / "s.o"), str(work / "s.c")], work)
     assert caught.value.verdict == Verdict.COMPILE_ERROR, caught.value.message
+
+
+@needs_cc
+def test_a_flood_of_compile_errors_is_read_in_a_bounded_part(tmp_path):
+    """A source made to print megabytes of errors: its output goes to a file of the build's
+    own, of which the controller reads the head (the first error) and the tail (the detail)."""
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "s.c").write_text("int first_bad = ;\n" + "int bad = ;\n" * 50_000)
+    with pytest.raises(Rejected) as caught:
+        build._compile([CC, "-c", "-o", str(work / "s.o"), str(work / "s.c")], work)
+    assert caught.value.verdict == Verdict.COMPILE_ERROR
+    assert "s.c:1:" in caught.value.message and "error" in caught.value.message
+    assert 0 < len(caught.value.detail) <= build.LOG_TAIL
+    assert not (work / build.COMPILER_LOG).exists()  # the file goes with the build
