@@ -38,9 +38,11 @@ def _write(out: str, **fields) -> None:
     if fields.get("reason"):
         sys.stderr.write(f"[commbench mps] the job's MPS daemon did not start: "
                          f"{fields['reason']}\n")
-    try:
-        with open(os.path.join(out, "mps.json"), "w") as f:
+    path = os.path.join(out, "mps.json")
+    try:  # whole or not at all: the controller (and a reader waiting for a state) reads it
+        with open(path + ".tmp", "w") as f:
             json.dump(fields, f)
+        os.replace(path + ".tmp", path)
     except OSError:
         pass
 
