@@ -21,6 +21,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
 from pathlib import Path
+from typing import NamedTuple
 
 from .tasks import Task
 from .verdicts import Rejected, Verdict
@@ -417,9 +418,14 @@ def _built(folder: Path, name: str, source: str,
     return lib
 
 
-#: how the compilers of the current build are confined: (command, work folder) -> the command
-#: that runs it in a sandbox, and the exit codes of the sandbox's own failures (set up, limit)
-Jail = tuple[Callable[[list[str], Path], list[str]], int, int]
+class Jail(NamedTuple):
+    """How the compilers of the current build are confined."""
+
+    wrap: Callable[[list[str], Path], list[str]]  # (command, work folder) -> sandboxed command
+    setup_failed: int  # the sandbox's exit code where it could not be built
+    limit_exit: int  # its exit code where the build went past a limit
+
+
 _JAIL: ContextVar[Jail | None] = ContextVar("commbench_compile_jail", default=None)
 
 
@@ -471,7 +477,7 @@ def _compile(cmd: list[str], work: Path) -> None:
     file there; its failure as the verdict it is (the solution's compile error, or the
     machine's missing compiler or sandbox)."""
     jail = _JAIL.get()
-    argv = jail[0](cmd, work) if jail is not None else cmd
+    argv = jail.wrap(cmd, work) if jail is not None else cmd
     log = Path(work) / COMPILER_LOG
     try:
         with open(log, "wb") as out:
@@ -484,10 +490,10 @@ def _compile(cmd: list[str], work: Path) -> None:
         raise Rejected(Verdict.INFRA_ERROR, f"no compiler: {exc}") from None
     head, tail = _compiler_output(log)
     log.unlink(missing_ok=True)
-    if jail is not None and done.returncode == jail[1]:
+    if jail is not None and done.returncode == jail.setup_failed:
         raise Rejected(Verdict.INFRA_ERROR,
                        "the compiler's sandbox could not be set up: " + tail[-500:])
-    if jail is not None and done.returncode == jail[2]:
+    if jail is not None and done.returncode == jail.limit_exit:
         raise Rejected(Verdict.COMPILE_ERROR,
                        "the compiler went past the build's limits: " + tail[-500:])
     if done.returncode != 0:

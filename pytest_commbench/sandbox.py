@@ -109,9 +109,9 @@ def system_keep(env: Mapping[str, str] | None = None) -> list[str]:
     """The trees besides the system's own that a job usually needs on this machine, where
     they exist: the CUDA toolkits and driver folders under /usr/local, ROCm's /opt/rocm*,
     /usr/local/lib and /usr/local/bin, the prefix of the MPI in use (its `mpiexec`, daemons,
-    components and help files), the prefixes the job's environment names (CUDA_HOME, OPAL_PREFIX, ...),
-    the folders of the job's LD_LIBRARY_PATH and those the dynamic loader is configured
-    with (/etc/ld.so.conf: e.g. /opt/amazon/efa/lib for NCCL's network plugin)."""
+    components and help files), the prefixes the job's environment names (CUDA_HOME,
+    OPAL_PREFIX, ROCM_PATH, ...), the folders of the job's LD_LIBRARY_PATH and those the
+    dynamic loader is configured with (/etc/ld.so.conf: e.g. /opt/amazon/efa/lib for NCCL's network plugin)."""
     env = os.environ if env is None else env
     found = ["/usr/local/bin", "/usr/local/lib", "/usr/local/nvidia",
              *sorted(glob.glob("/usr/local/cuda*")), *sorted(glob.glob("/opt/rocm*"))]
@@ -282,7 +282,7 @@ def default_limits(job_dir: Path | str) -> dict[str, Any]:
         "scratch_bytes": SCRATCH_BYTES,
         "scratch_files": SCRATCH_FILES,
         "disk_reserve_bytes": disk_reserve(job_dir),
-        "data_bytes": None,  # no per-process memory limit (GPU ranks map much; see below)
+        "data_bytes": None,  # no per-process memory limit (GPU ranks map much): compilers get one
     }
 
 

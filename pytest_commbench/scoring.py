@@ -26,15 +26,6 @@ BANDS = ((1.20, "Better"), (0.95, "Comparable"), (0.60, "Degraded"), (0.0, "Seve
 # killed it) is applicable and not passed: a solution must not turn a fail into "not
 # applicable" by taking its own process down
 NOT_APPLICABLE = ("skipped", "infra_error")
-
-
-def scored(record: dict) -> bool:
-    """Does the record count in the scores? Not where the platform could not run the task or
-    the harness failed, and not an answer of a compile-only run (`--commbench-compile-only`:
-    it was built, never run, so neither its builds nor its compile errors are a Pass Rate)."""
-    return record["verdict"] not in NOT_APPLICABLE and not record.get("compile_only")
-
-
 # a mutant that was not judged (the checker's test, not a model's: nothing to charge)
 MUTANT_UNJUDGED = (*NOT_APPLICABLE, "aborted")
 
@@ -49,6 +40,13 @@ TRUST_ORDER = ("ok", "noisy", "contended", "shared")
 # trusts whose speedups get no band, whatever their interval: contention biases every job
 # alike, and ranks sharing a GPU measure neither NVLink nor the program on its own devices
 UNBANDED = ("contended", "shared")
+
+
+def scored(record: dict) -> bool:
+    """Does the record count in the scores? Not where the platform could not run the task or
+    the harness failed, and not an answer of a compile-only run (`--commbench-compile-only`:
+    it was built, never run, so neither its builds nor its compile errors are a Pass Rate)."""
+    return record["verdict"] not in NOT_APPLICABLE and not record.get("compile_only")
 
 
 def band(speedup: float | None, interval: list[float] | None = None,

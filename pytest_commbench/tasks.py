@@ -31,17 +31,6 @@ LIBRARIES = (
 )
 DIFFICULTIES = ("easy", "medium", "hard")
 SETUPS = ("bare-metal", "library-based")
-
-
-def _marker(kind: str, value: str) -> str:
-    return f"{kind}_{value.replace('-', '_').replace('+', 'p')}"
-
-
-def marker_names() -> list[str]:
-    """Every marker a task can carry (each value a manifest may name), for registering them."""
-    return [_marker(kind, value) for kind, values in (
-        ("category", CATEGORIES), ("library", LIBRARIES), ("difficulty", DIFFICULTIES),
-        ("setup", SETUPS)) for value in values]
 LANGUAGES = {"python": ".py", "cuda": ".cu", "hip": ".hip", "c++": ".cpp", "c": ".c"}
 BETTER = ("higher", "lower")
 # how bytes are counted for bandwidth metrics, as nccl-tests does
@@ -66,6 +55,17 @@ class ManifestError(Exception):
     def __init__(self, path: Path, key: str, message: str) -> None:
         self.path, self.key = path, key
         super().__init__(f"{path}: key '{key}': {message}")
+
+
+def _marker(kind: str, value: str) -> str:
+    return f"{kind}_{value.replace('-', '_').replace('+', 'p')}"
+
+
+def marker_names() -> list[str]:
+    """Every marker a task can carry (each value a manifest may name), for registering them."""
+    return [_marker(kind, value) for kind, values in (
+        ("category", CATEGORIES), ("library", LIBRARIES), ("difficulty", DIFFICULTIES),
+        ("setup", SETUPS)) for value in values]
 
 
 @dataclass(frozen=True)

@@ -74,7 +74,7 @@ def compile_jail(settings: Settings) -> build.Jail | None:
         return sandbox.wrap(work, cmd, env, hide=hide, limits=limits,
                             also_keep=build.paths_named(cmd, work))
 
-    return wrap, sandbox.SETUP_FAILED, sandbox.LIMIT_EXIT
+    return build.Jail(wrap, sandbox.SETUP_FAILED, sandbox.LIMIT_EXIT)
 
 
 def interposer_for(task: Task, settings: Settings, on_cuda: bool = True) -> Path | None:

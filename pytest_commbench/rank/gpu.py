@@ -159,7 +159,6 @@ class GpuWorld:
     def __init__(self, job, world, harness, rank: int, size: int, backend: DeviceBackend) -> None:
         cp = backend.cp
         self.cp, self.harness, self.rank, self.size = cp, harness, rank, size
-        self.backend = backend
         self.local_rank = local_rank(world)
         ndev = cp.cuda.runtime.getDeviceCount()
         # shared placement: local ranks r*N .. r*N+N-1 on the r-th GPU the job was given
@@ -212,8 +211,8 @@ class GpuWorld:
         return int(comm.value)
 
     def exchange(self, ptrs: list[int]) -> list[list[int]]:
-        """Map every rank's allocations through IPC (CUDA's or HIP's): result[i][r] is rank r's i-th
-        pointer as seen here (our own pointers as they are)."""
+        """Map every rank's allocations through IPC (CUDA's or HIP's): result[i][r] is rank
+        r's i-th pointer as seen here (our own pointers as they are)."""
         rt = self.cp.cuda.runtime
         handles = [rt.ipcGetMemHandle(p) for p in ptrs]
         every = self.harness.allgather(handles)
