@@ -357,10 +357,12 @@ def cmd_tasks(args: argparse.Namespace) -> int:
     rows = []
     for t in tasks:
         rows.append([t.relpath, t.category, t.library, t.difficulty, t.setup,
+                     "own" if t.own_setup else "harness", "yes" if t.hints else "-",
                      ",".join(t.platforms), ",".join(map(str, t.ranks)), t.check.op,
                      t.upstream or "-"])
     print(tabulate(rows, headers=["task", "category", "library", "difficulty", "setup",
-                                  "platforms", "ranks", "op", "upstream"]))
+                                  "set-up by", "hints", "platforms", "ranks", "op",
+                                  "upstream"]))
     # the suite's breadth: per platform kind, tasks by category, library and difficulty
     for kind, chosen in (("CPU", [t for t in tasks if "cpu" in t.platforms]),
                          ("GPU", [t for t in tasks if set(t.platforms) - {"cpu"}])):
@@ -368,10 +370,34 @@ def cmd_tasks(args: argparse.Namespace) -> int:
             continue
         print(f"\n{kind} tasks: {len(chosen)}; CommBench examples covered: "
               f"{len({t.upstream for t in chosen if t.upstream})}")
+        print(f"  prompts: {len(chosen)}, of which {sum(1 for t in chosen if t.hints)} with "
+              f"hints; the answer owns the set-up in {sum(1 for t in chosen if t.own_setup)}")
         for field in ("category", "library", "difficulty"):
             counts = Counter(getattr(t, field) for t in chosen)
             print(f"  by {field}: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())))
     return 1 if errors else 0
+
+
+def cmd_prompt(args: argparse.Namespace) -> int:
+    """The first prompt of a task as a model gets it (without the machine's measured facts,
+    which only a run's platform knows: the platform's name stands for them)."""
+    from .models.prompt import build
+
+    tasks, errors = load_suite(Path(args.suites))
+    found = [t for t in tasks if t.relpath == args.task.strip("/")]
+    if not found:
+        near = [t.relpath for t in tasks if args.task.strip("/").split("/")[-1] in t.relpath]
+        print(f"commbench prompt: no task {args.task!r} in {args.suites}"
+              + (f" (did you mean {', '.join(near[:5])}?)" if near else
+                 " (`commbench tasks` lists them)"), file=sys.stderr)
+        return 2
+    task = found[0]
+    if args.hints and task.hints is None:
+        print(f"commbench prompt: {task.relpath} has no hints", file=sys.stderr)
+    platform = args.platform or next((p for p in task.platforms if p != "cpu"),
+                                     task.platforms[0])
+    print(build(task, {"platform": platform}, hints=args.hints))
+    return 0
 
 
 def cmd_models(args: argparse.Namespace) -> int:
@@ -532,6 +558,15 @@ def main(argv: list[str] | None = None) -> int:
     tsk = sub.add_parser("tasks", help="list the tasks of a suites folder")
     tsk.add_argument("suites", nargs="?", default="suites")
     tsk.set_defaults(func=cmd_tasks)
+    prm = sub.add_parser("prompt", help="print the prompt a model is sent for a task (its "
+                                        "contract; with --hints, the hints too)")
+    prm.add_argument("task", help="a task's path below the suites folder, e.g. "
+                                  "p2p/memory_channel_put")
+    prm.add_argument("--suites", default="suites")
+    prm.add_argument("--hints", action="store_true", help="add the task's hints")
+    prm.add_argument("--platform", default=None,
+                     help="the platform named in the prompt's machine facts")
+    prm.set_defaults(func=cmd_prompt)
     args = parser.parse_args(argv)
     try:
         return args.func(args)

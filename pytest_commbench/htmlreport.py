@@ -127,7 +127,8 @@ def reply_path(r: dict, replies: Callable[[dict], Path | None]) -> Path | None:
         return None
     cand = str(r.get("candidate") or "")
     sample = int(cand[1:]) if re.fullmatch(r"s\d+", cand) else 0
-    return last_round_reply(sample_folder(root, str(r.get("model", "")), str(r["task"]), sample))
+    model = str(r.get("model", "")) + ("+hints" if r.get("hints") else "")
+    return last_round_reply(sample_folder(root, model, str(r["task"]), sample))
 
 
 def highlight_reply(text: str) -> str:

@@ -74,6 +74,7 @@ def base_record(task: Task, world: int, candidate_id: str, kind: str, nodeid: st
         # leaderboard keeps 1-round and 5-round runs, or budgeted ones, apart)
         "refine_rounds": state.settings.rounds,
         "budget_usd": state.settings.budget_usd,
+        **({"hints": True} if state.settings.hints else {}),
         **({"agent": state.agent.label} if getattr(state, "agent", None) is not None else {}),
     }
 

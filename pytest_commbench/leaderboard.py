@@ -220,7 +220,8 @@ class Board:
 
 
 def _config(r: dict) -> tuple:
-    return (r.get("refine_rounds"), r.get("budget_usd"), r.get("agent"), r.get("run_label"))
+    return (r.get("refine_rounds"), r.get("budget_usd"), r.get("agent"), r.get("run_label"),
+            bool(r.get("hints")))
 
 
 def _config_label(model: str, rounds: int | None, budget: float | None,
@@ -270,10 +271,12 @@ def build(records: Iterable[dict], models_file: Path | None = None,
         by_model.setdefault(str(r.get("model", "?")), {}).setdefault(_config(r), []).append(r)
     entries = []
     for model, configs in by_model.items():
-        for (rounds, budget, agent, run_label), recs in configs.items():
+        for (rounds, budget, agent, run_label, hints), recs in configs.items():
             # runs labelled by the caller stay apart: the label names the entry
             same = [c for c in configs if c[3] == run_label]
             label = model if len(same) == 1 else _config_label(model, rounds, budget, agent)
+            if hints:  # prompts with the tasks' hints: never the same entry as without
+                label = f"{label} +hints"
             if run_label:
                 label = f"{label} [{run_label}]"
             recs = merge(recs)

@@ -65,6 +65,12 @@ SAMPLES = 16  # positions per output checked the moment a rank says it is done
 LIVENESS_S = 0.005  # how often a wait looks at the job's processes and sockets
 MAX_MESSAGES = 5
 CONTROL_BYTES = 1 << 16
+# the stress phase: its calls' outputs may take at most STRESS_BYTES of a rank's segment (and
+# their inputs its feed); a call after the first holds one rank back with probability
+# STRESS_HOLD_P, for STRESS_HOLD_S seconds (drawn in that range), on the host or its device
+STRESS_BYTES = 256 << 20
+STRESS_HOLD_P = 0.5
+STRESS_HOLD_S = (100e-6, 2e-3)
 
 
 class JobEnded(Exception):
@@ -84,6 +90,9 @@ class Settings:
     wall_s: float  # seconds per case the observer may spend on the repetitions in all
     rtol: float
     atol: float
+    # calls made back to back after each case's trials (the stress phase; 0: none), see
+    # Observer.stress
+    stress: int = 0
 
 
 @dataclass(frozen=True)
@@ -360,7 +369,7 @@ class Observer:
         self.path.unlink(missing_ok=True)
 
     # -- calls ---------------------------------------------------------------------------
-    def _lay_out(self, trials: list[Trial]) -> bool:
+    def _lay_out(self, trials: list[Trial], holds: list | None = None) -> bool:
         """Describe this call's buffers (one set per call of a batch) to every rank and
         poison its outputs (a new layout and, if needed, a bigger segment where the shapes
         changed). The inputs are written later, each rank's just before its own gate
@@ -400,6 +409,9 @@ class Observer:
             if batch > 1:
                 info.update(batch=batch, extras=[t.extra[number] for t in trials],
                             feed=feeds[number])
+                if holds:  # this rank's holds, per call: [seconds, where] or None
+                    info["holds"] = [[h[1], h[2]] if h and h[0] == number else None
+                                     for h in holds]
             if remap:
                 info["remap"] = rank.data_bytes
             rank.ctl.write_info(info)
@@ -438,7 +450,7 @@ class Observer:
         return seen
 
     def call(self, case: Case, trial: Trial | list[Trial], check: bool,
-             own_completion: bool = False) -> Timing:
+             own_completion: bool = False, holds: list | None = None) -> Timing:
         """One call on every rank, or a batch of calls back to back (a list of trials, one
         buffer set each, no delays); returns the time of one call (last done - last gate,
         over the batch's size) and the untimed phases around it (staged backends: a rank's
@@ -450,7 +462,11 @@ class Observer:
         the observer copies them out of its segment the moment it says they are saved; on
         the host backend the observer copies them the moment its "done" is seen. Those
         copies are what is checked: a rank whose outputs a peer completes later (after the
-        held rank's release) is wrong, whatever they hold once every rank is done."""
+        held rank's release) is wrong, whatever they hold once every rank is done.
+
+        `holds` (a batch): per call None or (rank, seconds, "host" | "device"): that rank is
+        held back before making that call, on the host (it waits before the call) or on its
+        device (its stream waits), while the others go on."""
         op = self.op
         trials = trial if isinstance(trial, list) else [trial]
         trial, batch = trials[0], len(trials)
@@ -463,7 +479,7 @@ class Observer:
             wants = [op.expected(t, case.count, case.dtype, case.world, case.params)
                      for t in trials]
             slacks = [None if op.exact else op.slack(t, case) for t in trials]
-        changed = self._lay_out(trials)
+        changed = self._lay_out(trials, holds)
         self.k += 1
         k, ranks = self.k, self.ranks
         for r in ranks:
@@ -639,9 +655,13 @@ class Observer:
             r.placed = []
         times: list[Timing] = []
         try:
-            for t, trial in enumerate(case.trials if self.trials or not self.timed else []):
+            checking = self.trials or not self.timed
+            for t, trial in enumerate(case.trials if checking else []):
                 where = f"trial {t}"
                 self.call(case, trial, check=True, own_completion=True)
+            if checking and self.s.stress > 1:
+                where = "calls back to back"
+                self.stress(case)
             if self.timed and self.s.reps > 0:
                 where = "warm-up"
                 last = self.op.timed_trial(self.rng, case)
@@ -679,6 +699,50 @@ class Observer:
         except WrongAnswer as exc:
             raise WrongAnswer([f"[{label}, {where}] {m}" for m in exc.errors]) from None
         return times
+
+    def stress(self, case: Case) -> bool:
+        """The stress phase: `Settings.stress` calls made back to back on every rank, with no
+        gate, "done" or fetch between them (as a training loop makes them), each on a buffer
+        set of its own with its inputs written just before it, one rank held back on the host
+        or on its device before some of them; every output of every call checked. What one
+        gated call at a time hides fails here: a barrier dropped after the first calls, flags
+        or epochs that go wrong when a peer is a call ahead, scratch a peer overwrites while
+        this rank still reads it. Only where the calls fit (segment, feed) and the op's check
+        allows batches; False where the case was not stressed."""
+        if not self.op.batchable:
+            return False
+        room = min(r.feed_bytes for r in self.ranks)
+        n = self.s.stress
+        while n >= 2:
+            trials = [self.op.timed_trial(self.rng, case) for _ in range(n)]
+            if any(d for t in trials for d in t.delays):
+                return False
+            outs = max(sum(int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+                           for t in trials for shape, dtype in t.outputs[r].values())
+                       for r in range(self.world))
+            ins = max(sum(a.nbytes for t in trials for a in t.inputs[r].values())
+                      for r in range(self.world))
+            if outs <= STRESS_BYTES and ins <= room:
+                break
+            n //= 2
+        else:
+            return False
+        holds: list = [None]
+        for _ in range(n - 1):
+            held = self.rng.random() < STRESS_HOLD_P
+            holds.append((int(self.rng.integers(self.world)),
+                          float(self.rng.uniform(*STRESS_HOLD_S)),
+                          "device" if self.staged and self.rng.random() < 0.5 else "host")
+                         if held else None)
+        try:
+            self.call(case, trials, check=True, holds=holds)
+        except WrongAnswer as exc:
+            said = "; ".join(f"call {j + 1}: rank {h[0]} held {1e6 * h[1]:.0f} us on its {h[2]}"
+                             for j, h in enumerate(holds) if h)
+            raise WrongAnswer([f"{m} ({n} calls back to back with no synchronization between "
+                               f"them{'; ' + said if said else ''})" for m in exc.errors]
+                              ) from None
+        return True
 
     def _draw(self, case: Case, batch: int) -> Trial | list[Trial]:
         """Fresh inputs for a timed repetition: one trial, or one per call of a batch."""

@@ -166,6 +166,10 @@ GPU_BATCH_DESC = ("GPU jobs time short calls as batches of back-to-back calls, e
                   "set of its own with its inputs uploaded just before it (as CPU jobs do); "
                   "checked on the CPU through the staged protocol and, for correctness, on one "
                   "GPU with ranks sharing it (default off: one call per timed repetition)")
+STRESS_DESC = ("calls made back to back after each size's correctness calls, with no "
+               "synchronization between them and a rank held back before some (what a gated "
+               "call hides: dropped barriers, stale flags, reused scratch); 0 turns the "
+               "phase off (default {default})")
 SHARED_NODE_DESC = ("timed items lease only the GPUs they use instead of the whole node "
                     "(faster with -n, but neighbours may disturb the numbers)")
 THUNDERKITTENS_DESC = ("the ThunderKittens repository (or its include/ folder): its headers build the "
@@ -203,6 +207,9 @@ MAX_DEBUG_DESC = ("agent mode: consecutive fix attempts that end in the same err
                   "agent restarts from a fresh generation (default {default})")
 KNOWLEDGE_DESC = ("agent mode: on (default) adds the suite's knowledge pack of each library the "
                   "task uses to the prompts; off for the ablation")
+HINTS_DESC = ("add each task's hints (its hints.md: how an expert would go about it) to the "
+              "prompts; a task's prompt alone is its contract (default off: results with hints "
+              "are another configuration of the model in every report)")
 RETRIEVAL_DESC = ("agent mode: on adds the prompt and template of the most similar other task "
                   "(never a reference) to the first prompt (default off)")
 BUDGET_USD_DESC = ("US dollars a task's answers may cost: no further refinement round once "
@@ -235,6 +242,7 @@ OPTIONS: list[Option] = [
     Option("ranks_per_gpu", positive_count, 1, RANKS_PER_GPU_DESC),
     Option("jobs_per_gpu", positive_count, 1, JOBS_PER_GPU_DESC),
     Option("gpu_batch", _flag, False, GPU_BATCH_DESC, flag=True),
+    Option("stress", count, 6, STRESS_DESC),
     Option("thunderkittens", _text, None, THUNDERKITTENS_DESC),
     Option("unsandboxed", _flag, False, UNSANDBOXED_DESC, flag=True),
     Option("base_url", _text, None, BASE_URL_DESC),
@@ -248,6 +256,7 @@ OPTIONS: list[Option] = [
     Option("agent", _text, None, AGENT_DESC),
     Option("max_debug", positive_count, 3, MAX_DEBUG_DESC),
     Option("knowledge", _on_off, "on", KNOWLEDGE_DESC),
+    Option("hints", _flag, False, HINTS_DESC, flag=True),
     Option("retrieval", _on_off, "off", RETRIEVAL_DESC),
     Option("references", _text, "references", "hidden references root (default: {default})",
            cli=False),
@@ -261,8 +270,8 @@ GROUPS: dict[str, tuple[str, tuple[str, ...]]] = {
         "build_cache", "resume", "keep", "unsandboxed")),
     "models": ("asking models (registry models, openai:ID, anthropic:ID)", (
         "rounds", "samples", "temperature", "budget_usd", "base_url", "models_file",
-        "regenerate", "request_timeout", "max_tokens", "agent", "max_debug", "knowledge",
-        "retrieval")),
+        "regenerate", "request_timeout", "max_tokens", "hints", "agent", "max_debug",
+        "knowledge", "retrieval")),
     "timing": ("timing against the reference", (
         "timing_rounds", "timing_max_rounds", "timing_precision", "timing_contended",
         "reps", "warmup",

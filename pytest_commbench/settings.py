@@ -40,6 +40,8 @@ class RunSettings:
     shared_node: bool = False  # timed items lease only their GPUs, not the whole node
     unsandboxed: bool = False  # jobs without their namespaces
     gpu_batch: bool = False  # GPU jobs batch short calls too
+    stress: int = 6  # calls back to back after each case's trials (0: no stress phase)
+    hints: bool = False  # prompts carry the tasks' hints (another configuration of a model)
 
     @classmethod
     def from_options(cls, value: Callable[[str], Any]) -> RunSettings:

@@ -65,7 +65,7 @@ def marker_names() -> list[str]:
     """Every marker a task can carry (each value a manifest may name), for registering them."""
     return [_marker(kind, value) for kind, values in (
         ("category", CATEGORIES), ("library", LIBRARIES), ("difficulty", DIFFICULTIES),
-        ("setup", SETUPS)) for value in values]
+        ("setup", SETUPS), ("tier", TIERS)) for value in values]
 
 
 @dataclass(frozen=True)
@@ -79,6 +79,8 @@ class CheckSpec:
     # the last trial makes one rank late (its inputs written, and on a GPU uploaded, only at
     # its own gate): a solution must not touch a peer's buffers before that peer's call began
     late_rank: bool = True
+    # the stress phase (calls back to back, a rank held back before some) runs for the task
+    stress: bool = True
 
 
 @dataclass(frozen=True)
@@ -118,6 +120,12 @@ class Task:
     # the CommBench paper's example this task corresponds to ("example049_..."), if any:
     # coverage of the paper is counted from it
     upstream: str = ""
+    # the method (how an expert would go about it), shown to a model only when a run asks
+    # for hints: the prompt is the contract (`hints.md` beside the manifest, or `hints = ...`)
+    hints: Path | None = None
+    # the answer owns the set-up (buffers, IPC exchange, flag layout): the harness hands it
+    # only its inputs, outputs and the set-up helpers
+    own_setup: bool = False
 
     @property
     def name(self) -> str:
@@ -130,15 +138,21 @@ class Task:
     def markers(self) -> list[str]:
         """Marker names for -m selection (hyphens become underscores)."""
         return [_marker("category", self.category), _marker("library", self.library),
-                _marker("difficulty", self.difficulty), _marker("setup", self.setup)]
+                _marker("difficulty", self.difficulty), _marker("setup", self.setup),
+                _marker("tier", "own-setup" if self.own_setup else "harness-setup")]
 
+
+# who sets the world up: the harness (buffers mapped, workspace laid out: the answer fills in
+# the communication) or the answer (it allocates, registers and exchanges what it needs over
+# the set-up helpers, as a library does)
+TIERS = ("harness-setup", "own-setup")
 
 _TOP_KEYS = {
     "title", "category", "library", "difficulty", "setup", "language", "entry", "platforms",
     "vendors", "ranks", "requires", "timeout", "sizes", "forbid", "check", "metric", "template",
-    "prompt", "fixtures", "workspace", "upstream",
+    "prompt", "fixtures", "workspace", "upstream", "hints", "tier",
 }
-_CHECK_KEYS = {"op", "dtypes", "rtol", "atol", "params", "trials", "late_rank"}
+_CHECK_KEYS = {"op", "dtypes", "rtol", "atol", "params", "trials", "late_rank", "stress"}
 _METRIC_KEYS = {"name", "unit", "better", "bytes"}
 
 
@@ -287,6 +301,8 @@ def load_task(manifest: Path, suites_root: Path, platforms: Container[str] | Non
     language = top.choice("language", tuple(LANGUAGES))
     template = _task_file(top, task_dir, "template", "template" + LANGUAGES[language])
     prompt = _task_file(top, task_dir, "prompt", "prompt.md")
+    hints = (_task_file(top, task_dir, "hints", "hints.md")
+             if "hints" in data or (task_dir / "hints.md").exists() else None)
 
     check_data = top.get("check", dict)
     chk = _Reader(manifest, check_data, "check.")
@@ -309,6 +325,7 @@ def load_task(manifest: Path, suites_root: Path, platforms: Container[str] | Non
         params=dict(chk.get("params", dict, {})),
         trials=trials,
         late_rank=chk.get("late_rank", bool, True),
+        stress=chk.get("stress", bool, True),
     )
 
     met = _Reader(manifest, top.get("metric", dict), "metric.")
@@ -354,6 +371,8 @@ def load_task(manifest: Path, suites_root: Path, platforms: Container[str] | Non
         template=template,
         prompt=prompt,
         upstream=_upstream(top),
+        hints=hints,
+        own_setup=top.choice("tier", TIERS, "harness-setup") == "own-setup",
     )
 
 

@@ -278,10 +278,12 @@ def _judge(tmp_path: Path, kind: str, staged: bool, world: int = 2,
 
 
 @contextlib.contextmanager
-def ranks_in_threads(obs: Observer, job_dir: Path, case, staged: bool, solution_for):
+def ranks_in_threads(obs: Observer, job_dir: Path, case, staged: bool, solution_for,
+                     hold_device=None):
     """The ranks of one case as threads running the real rank loop (`Calls`) on a host or a
-    staged host backend, connected to `obs`; `solution_for(rank)` is each rank's solution.
-    Inside the block the observer drives the case; afterwards every rank has ended, cleanly."""
+    staged host backend, connected to `obs`; `solution_for(rank)` is each rank's solution,
+    `hold_device(rank)` (optional) its device hold. Inside the block the observer drives the
+    case; afterwards every rank has ended, cleanly."""
     world = obs.world
     failures: list[BaseException] = []
     links: list[Link] = []
@@ -291,6 +293,8 @@ def ranks_in_threads(obs: Observer, job_dir: Path, case, staged: bool, solution_
             link = Link(str(job_dir), rank)
             links.append(link)
             calls = Calls(link, StagedHost() if staged else HostBackend(), solution_for(rank))
+            if hold_device is not None:
+                calls.hold_device = hold_device(rank)
             link.say(phase="loading")
             ctx = SimpleNamespace(rank=rank, world_size=world)
             calls.case(1, {"id": case.id, "args": case.args, "params": case.params}, ctx)

@@ -124,6 +124,7 @@ def run_job(plan: Plan, artifact: Path, job_dir: Path, timed: bool,
         fixtures=list(task.fixtures), workspace_bytes=task.workspace, backend=platform.backend,
         out=str(out), scratch=str(scratch), job_dir=str(job_dir.resolve()), nccl_lib=libs,
         deadline_s=plan.deadline, ranks_per_gpu=getattr(platform, "ranks_per_gpu", 1),
+        stress=trials and settings.stress > 1,
         cases=[{"id": c.id, "args": c.args, "params": c.params} for c in plan.cases])
     job_file = job_dir / "ro" / protocol.JOB_FILE
     job_file.write_text(spec.to_json())
@@ -149,7 +150,7 @@ def run_job(plan: Plan, artifact: Path, job_dir: Path, timed: bool,
     obs_settings = observer.Settings(
         reps=settings.reps, max_reps=settings.max_reps, timing_budget=settings.timing_budget,
         warmup=settings.warmup, wall_s=settings.timing_wall, rtol=task.check.rtol,
-        atol=task.check.atol)
+        atol=task.check.atol, stress=settings.stress if task.check.stress else 0)
     rng = np.random.default_rng(job_seed(settings.seed, job_dir))
     # batches of calls: Python solutions on the host backend; on a GPU (a device buffer set,
     # a compiled solution's context and its IPC mappings per call) where asked for

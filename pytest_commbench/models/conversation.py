@@ -87,6 +87,7 @@ class AskableModel(Model):
                 "temperature": setting(config, "temperature"),
                 "timeout_s": setting(config, "request_timeout"),
                 "regenerate": setting(config, "regenerate"),
+                "hints": setting(config, "hints"),
                 "fingerprint": state.fingerprint}
 
     def candidates(self, task: Task, references: Path) -> list[Candidate]:
@@ -109,10 +110,16 @@ class Conversation:
     @property
     def folder(self) -> Path:
         runs_dir = Path(self.model.place()["runs_dir"])
-        return sample_folder(runs_dir / "replies", self.model.name, self.task.relpath, self.sample)
+        # a reply to a prompt with hints is another model configuration's: kept apart
+        name = self.model.name + ("+hints" if self.hints else "")
+        return sample_folder(runs_dir / "replies", name, self.task.relpath, self.sample)
+
+    @property
+    def hints(self) -> bool:
+        return bool(self.model.place().get("hints"))
 
     def prompt(self) -> str:
-        return prompts.build(self.task, self.model.place().get("fingerprint", {}))
+        return prompts.build(self.task, self.model.place().get("fingerprint", {}), self.hints)
 
     def regenerate(self) -> bool:
         return bool(self.model.place().get("regenerate"))

@@ -14,7 +14,9 @@ PLATFORM_KEYS = ("platform", "gpu", "gpu_count", "interconnect", "gpu0_gpu1_link
                  "driver", "nccl", "nvshmem", "mpi", "mpi4py", "cupy", "numpy", "python", "cpu")
 
 
-def build(task: Task, fingerprint: dict[str, Any]) -> str:
+def build(task: Task, fingerprint: dict[str, Any], hints: bool = False) -> str:
+    """The first prompt; `hints` adds the task's hints (its `hints.md`: the method, shown only
+    when a run asks for it)."""
     template = task.template.read_text(encoding="utf-8")
     names = parse(template).names
     comment = "#" if task.language == "python" else "//"
@@ -44,7 +46,8 @@ Edit only the regions between the marker lines `{comment} >>> COMMBENCH EDIT <na
 fenced code block, or with only the regions, each with its two marker lines and your code
 between them. Anything changed outside the regions is rejected, and so are calls the task
 forbids{_FORBID.get(task.language, ".")}
-{_STATE.get(task.language, "")}"""
+{_STATE.get(task.language, "")}
+{calls(task)}{hints_section(task, hints)}"""
 
 
 # how the task's `forbid` list is applied
@@ -92,4 +95,51 @@ The harness's verdict on it:
 ```
 
 Answer again, in the same form: correct first, then fast.
+"""
+
+
+def calls(task: Task) -> str:
+    """How the harness calls and checks every task's answer: the ordering and ownership rules
+    its checks enforce, stated once for all tasks (a task's prompt adds its own)."""
+    held = ("""
+- **One call at a time, one rank late.** The first calls of every size are made one at a time
+  (every rank's call begins together). In some of them one rank's call begins a few
+  milliseconds after the others', and that rank's inputs are put in place (and its outputs
+  poisoned) only then: until a rank's call has begun, its buffers belong to its caller, so no
+  rank may read a peer's inputs or write a peer's outputs before that peer's call has begun.
+  Each rank's outputs are taken the moment its own call is complete (its call returned and
+  its device idle), not when the last rank is done: a rank may not leave its outputs for a
+  peer to finish later.""" if task.check.late_rank else """
+- **One call at a time.** The first calls of every size are made one at a time, every rank's
+  call beginning together.""")
+    device = " on the host or on its device" if task.language != "python" or _on_gpu(task) else ""
+    return f"""
+## How every call is made and checked
+
+- Every call is made on all ranks, with fresh random inputs (never a repeat or a shift of
+  earlier ones); every output is poisoned (NaN, or the integer minimum) before the call and
+  compared after it with an independent oracle: bit for bit where data is only moved, within
+  the rounding of the reduction where values are summed.{held}
+- **Calls back to back.** Then, at every size that fits, several calls are made in a row on
+  every rank with no synchronization between them (as a training loop makes them), each on
+  buffers of its own, with one rank, chosen at random, held back{device} before some of
+  them; every output of every call is checked. Whatever your code keeps from one call to
+  the next (flags, counters, scratch data, connections) must stay right when a peer is a
+  call or more ahead of or behind this rank.
+- The timed calls are checked too, on fresh inputs. A call that never ends is a timeout.
+"""
+
+
+def _on_gpu(task: Task) -> bool:
+    return any(p != "cpu" for p in task.platforms)
+
+
+def hints_section(task: Task, hints: bool) -> str:
+    """The task's hints (how an expert would go about it), only when asked for."""
+    if not hints or task.hints is None:
+        return ""
+    return f"""
+## Hints
+
+{task.hints.read_text(encoding="utf-8").strip()}
 """

@@ -33,6 +33,9 @@ class HostBackend:
     def poison(self, buf: np.ndarray) -> None:
         buf.fill(poison_value(buf.dtype))
 
+    def uploaded(self) -> None:
+        """Wait for the uploads (host copies are done when they return)."""
+
     def synchronize(self) -> None:
         """Wait for all outstanding work of this rank (host code is synchronous)."""
 

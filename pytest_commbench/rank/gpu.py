@@ -66,12 +66,62 @@ class DeviceBackend:
     def poison(self, buf) -> None:
         buf.fill(poison_value(buf.dtype))
 
+    def uploaded(self) -> None:
+        """Wait for the uploads (made on the null stream) only, not for the solution's work
+        on its own streams: a batch's next call may begin while its last one still runs."""
+        self.cp.cuda.Stream.null.synchronize()
+
     def synchronize(self) -> None:
         """Wait for the whole device, so work the solution put on any stream is counted."""
         self.cp.cuda.runtime.deviceSynchronize()
 
     def clock(self) -> float:
         return time.perf_counter()
+
+
+# the stress phase's device hold: one thread that spins on the global timer for `ns`
+# nanoseconds, loaded from PTX by the driver (no compiler in the rank)
+HOLD_PTX = b"""
+.version 7.0
+.target sm_70
+.address_size 64
+.visible .entry commbench_hold(.param .u64 ns)
+{
+  .reg .pred %p;
+  .reg .b64 %rd<5>;
+  ld.param.u64 %rd1, [ns];
+  mov.u64 %rd2, %globaltimer;
+WAIT:
+  mov.u64 %rd3, %globaltimer;
+  sub.u64 %rd4, %rd3, %rd2;
+  setp.lt.u64 %p, %rd4, %rd1;
+  @%p bra WAIT;
+  ret;
+}
+\0"""
+
+
+def device_hold(stream):
+    """A function that makes `stream` wait `seconds` (a one-thread kernel launched on it), or
+    None where the driver cannot load it (not an NVIDIA GPU: holds are then made on the
+    host). Loaded and tried once here, before the solution is."""
+    try:
+        import cupy as cp
+
+        module = cp.cuda.function.Module()
+        module.load(HOLD_PTX)
+        kernel = module.get_function("commbench_hold")
+
+        def hold(seconds: float) -> None:
+            kernel((1, 1, 1), (1, 1, 1), (np.uint64(max(0, int(seconds * 1e9))),),
+                   stream=stream)
+
+        hold(0.0)
+        stream.synchronize()
+    except Exception:  # noqa: BLE001 - no device hold here: the host holds instead
+        return None
+    hold.module = module  # kept alive with the function
+    return hold
 
 
 _PINNED: list[int] = []  # this rank's CPUs, the timing thread's first

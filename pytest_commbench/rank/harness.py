@@ -281,6 +281,10 @@ def run(job: JobSpec, rank: int, status: Status, link: Link) -> None:
     link.say(phase="loading")
     solution = job.solution
     calls = Calls(link, backend, None)  # before the guard: it imports what it needs
+    if gpu is not None and job.stress:
+        from .gpu import device_hold
+
+        calls.hold_device = device_hold(gpu.stream)
     if gpu is not None and gpu.torch is not None:
         calls.wrap = gpu.torch.tensor  # torch tasks get their buffers as torch tensors
     if job.language in NATIVE_LANGUAGES:
@@ -327,6 +331,9 @@ class Calls:
         self.backend, self.fn = backend, fn
         self.wrap = None  # how a buffer is handed to a Python solution (None: as it is)
         self.apart = lambda: None
+        # the stress phase's device hold: makes this rank's stream wait (rank/gpu.py), set
+        # up before the solution is loaded; None: holds are made on the host
+        self.hold_device = None
         if backend.device:  # imported now: the harness imports nothing once guarded
             from .gpu import keep_timing_thread_apart
 
@@ -398,6 +405,7 @@ class Calls:
                 # after it (timed alike for the reference and the solution); the later calls'
                 # inputs are nowhere in this process, nor on its device
                 extras = info.get("extras") or [{}] * batch
+                holds = info.get("holds") or [None] * batch
                 sets = batch_sets(bufs, batch)
                 fed = info.get("feed") or [[] for _ in range(batch)]  # per call: its inputs
                 if b.staged:
@@ -448,12 +456,13 @@ class Calls:
                 if not self.wait("gate", k, index):
                     return
             if batch > 1:
-                for (values, args, state), one, work, inputs, spec in zip(
-                        argsets, sets, self.work, fed_bufs, self.fed):
+                for (values, args, state), one, work, inputs, spec, hold in zip(
+                        argsets, sets, self.work, fed_bufs, self.fed, holds):
                     if b.staged:  # its inputs, uploaded just before it
                         read_feed(self.link.feed, inputs)
                         for (name, *_), host in zip(spec, inputs):
                             b.upload(work[name], host)
+                        b.uploaded()  # in place whatever stream the call's work runs on
                     else:
                         for name, buf in one.items():  # its poisoned outputs
                             np.copyto(work[name], buf)
@@ -463,6 +472,12 @@ class Calls:
                     self.args = args
                     if state is not None:
                         self.fn.use(state)
+                    if hold:  # the stress phase holds this rank back before this call
+                        seconds, where = hold
+                        if where == "device" and self.hold_device is not None:
+                            self.hold_device(seconds)
+                        else:
+                            time.sleep(seconds)
                     self.call(ctx)
                     if not b.staged:
                         for name in outs:

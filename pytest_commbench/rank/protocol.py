@@ -129,6 +129,9 @@ class JobSpec:
     deadline_s: float = 0.0  # the job's deadline (a hung rank's stacks are written before)
     ranks_per_gpu: int = 1  # ranks sharing one GPU (shared placement)
     audit: bool = True  # a Python solution runs under the audit-hook guard
+    # the observer makes calls back to back with holds (the stress phase): a device rank
+    # readies its device hold before the solution is loaded
+    stress: bool = False
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
