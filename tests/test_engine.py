@@ -4,6 +4,7 @@ and who is blamed for a failing job are tests of milliseconds."""
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import SimpleNamespace
@@ -31,10 +32,13 @@ class FakeJobs:
     times: object = None
     fail: dict = field(default_factory=dict)  # job folder name -> Outcome
     ran: list = field(default_factory=list)  # (folder name, timed, trials)
+    sanitized: list = field(default_factory=list)  # (tool, counts, deadline) per checker job
 
-    def __call__(self, plan, artifact, job_dir, timed, trials=True):
+    def __call__(self, plan, artifact, job_dir, timed, trials=True, sanitize=None):
         name = job_dir.name
         self.ran.append((name, timed, trials))
+        if sanitize:
+            self.sanitized.append((sanitize, [c.count for c in plan.cases], plan.deadline))
         if name in self.fail:
             return self.fail[name]
         role = "ref" if artifact == self.ref else "sol"
@@ -61,13 +65,16 @@ class Load:
         return {"contended": self.contended, "busy": busy}
 
 
-def _plan(tmp_path, **options) -> Plan:
+def _plan(tmp_path, language="python", checker=None, counts=(1024, 2048), **options) -> Plan:
     settings = Settings(seed=1, work=tmp_path, cache=tmp_path, references=tmp_path, **options)
-    cases = [SimpleNamespace(id=c, count=1024 * (i + 1), dtype="float32", world=2, params={})
-             for i, c in enumerate(CASES)]
+    cases = [SimpleNamespace(id=c, count=n, dtype="float32", world=2, params={})
+             for c, n in zip(CASES, counts)]
     op = SimpleNamespace(bytes=lambda count, dtype, world, params: (count * 4, 1.0))
-    task = SimpleNamespace(metric=SimpleNamespace(name="time", unit="us", bytes="algbw"))
-    return Plan(task, 2, SimpleNamespace(backend="cpu"), settings, op, cases, 10.0)
+    task = SimpleNamespace(metric=SimpleNamespace(name="time", unit="us", bytes="algbw"),
+                           language=language)
+    platform = SimpleNamespace(backend="cpu", name="fake",
+                               sanitizer=lambda tool, out: checker and (checker, tool))
+    return Plan(task, 2, platform, settings, op, cases, 10.0)
 
 
 def _jobs(tmp_path, **kw) -> FakeJobs:
@@ -96,6 +103,44 @@ def test_a_check_only_item_runs_the_solution_once_untimed(tmp_path):
     jobs = _jobs(tmp_path)
     got = measure(_plan(tmp_path), {"sol": jobs.sol}, jobs, lambda: Load())
     assert jobs.ran == [("sol0", False, True)] and got.rounds == 0 and got.host_load is None
+
+
+def test_a_compiled_answer_runs_its_smallest_sizes_under_the_memory_checker(tmp_path):
+    jobs = _jobs(tmp_path)
+    plan = _plan(tmp_path, "cuda", "compute-sanitizer", counts=(4096, 1))
+    measure(plan, {"sol": jobs.sol}, jobs, lambda: Load())
+    # auto: memcheck, after the check, at the two smallest sizes, with a longer deadline
+    assert [n for n, *_ in jobs.ran] == ["sol0", "sanitize"]
+    assert jobs.sanitized == [("memcheck", [4096, 1], 100.0)]
+    # timed: right after the check job, before any reference job is spent
+    jobs = _jobs(tmp_path)
+    plan = _plan(tmp_path, "cuda", "compute-sanitizer", sanitizer="racecheck",
+                 timing_rounds=1, timing_max_rounds=1)
+    measure(plan, {"ref": jobs.ref, "sol": jobs.sol}, jobs, lambda: Load())
+    assert [n for n, *_ in jobs.ran][:3] == ["check", "sanitize", "warmup"]
+    assert jobs.sanitized[0][0] == "racecheck"
+
+
+def test_a_finding_of_the_memory_checker_rejects_the_answer(tmp_path):
+    found = Outcome(Verdict.WRONG_ANSWER, "compute-sanitizer memcheck found 1 error(s) on "
+                    "rank 0: Invalid __global__ write of size 4 bytes")
+    jobs = _jobs(tmp_path, fail={"sanitize": found})
+    with pytest.raises(Rejected) as exc:
+        measure(_plan(tmp_path, "cuda", "cs"), {"sol": jobs.sol}, jobs, lambda: Load())
+    assert exc.value.verdict is Verdict.WRONG_ANSWER and "Invalid __global__" in exc.value.message
+
+
+def test_no_checker_job_for_python_answers_where_there_is_none_or_when_off(tmp_path):
+    for plan in (_plan(tmp_path, "python", "cs"), _plan(tmp_path, "cuda", None),
+                 _plan(tmp_path, "cuda", "cs", sanitizer="off")):
+        jobs = _jobs(tmp_path)
+        measure(plan, {"sol": jobs.sol}, jobs, lambda: Load())
+        assert jobs.sanitized == [] and [n for n, *_ in jobs.ran] == ["sol0"]
+    # a tool asked for by name where the platform has no checker: the harness's failure
+    jobs = _jobs(tmp_path)
+    with pytest.raises(InfraError, match="no memory checker"):
+        measure(_plan(tmp_path, "cuda", None, sanitizer="memcheck"), {"sol": jobs.sol}, jobs,
+                lambda: Load())
 
 
 def _noisy(role, n):
@@ -264,3 +309,41 @@ def test_help_texts_take_their_defaults_from_the_option_table():
     texts = {o.name: o.text for o in OPTIONS}
     assert "(default 10)" in texts["reps"] and "(default 900;" in texts["request_timeout"]
     assert "(default 0.25;" in texts["timing_budget"]
+
+
+MEMCHECK_LOG = """========= COMPUTE-SANITIZER
+========= Invalid __global__ write of size 4 bytes
+=========     at copy_kernel(const float *, float *, unsigned long)+0x70
+=========     by thread (31,0,0) in block (3,0,0)
+=========     Address 0x7f3a00001000 is out of bounds
+=========
+========= Invalid __global__ write of size 4 bytes
+=========     at copy_kernel(const float *, float *, unsigned long)+0x70
+=========
+========= ERROR SUMMARY: 2 errors
+"""
+
+
+def test_the_checkers_first_report_is_the_message(tmp_path):
+    from pytest_commbench.engine.job import sanitizer_findings
+
+    (tmp_path / "sanitizer_r0.txt").write_text("========= COMPUTE-SANITIZER\n"
+                                               "========= ERROR SUMMARY: 0 errors\n")
+    assert sanitizer_findings(tmp_path, 2, "memcheck") is None  # rank 1 wrote nothing
+    (tmp_path / "sanitizer_r1.txt").write_text(MEMCHECK_LOG)
+    message, detail = sanitizer_findings(tmp_path, 2, "memcheck")
+    assert message == ("compute-sanitizer memcheck found 2 error(s) on rank 1: Invalid "
+                       "__global__ write of size 4 bytes")
+    assert "by thread (31,0,0)" in detail and "out of bounds" in detail
+    assert "ERROR SUMMARY" not in detail
+
+
+def test_each_rank_runs_under_the_checker_inside_the_launch(tmp_path):
+    from pytest_commbench.platforms.base import Platform
+
+    argv = Platform.launch_argv(SimpleNamespace(), 2, tmp_path / "job.json",
+                                ("cs", "--tool", "memcheck"))
+    # the launcher starts the checker, the checker the rank: mpiexec -n 2 ... cs ... python
+    i = argv.index("cs")
+    assert argv[1:3] == ["-n", "2"] and argv[i:i + 3] == ["cs", "--tool", "memcheck"]
+    assert argv[i + 3:] == [sys.executable, "-m", "commbench_rank", str(tmp_path / "job.json")]

@@ -4,8 +4,10 @@ by the observer, and the outcome judged with who is to blame for a failure."""
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
+import re
 import shutil
 import time
 from pathlib import Path
@@ -108,8 +110,35 @@ def job_seed(seed: int, job_dir: Path) -> int:
                           "little")
 
 
+def sanitizer_findings(out: Path, world: int, tool: str) -> tuple[str, str] | None:
+    """(message, detail) of the first rank whose memory checker reported an error: the
+    report's first lines and the rank's count; None where every rank's summary says 0."""
+    for rank in range(world):
+        path = out / protocol.SANITIZER_LOG.format(rank=rank)
+        try:
+            with open(path, "rb") as f:  # bounded: a flood of reports costs nothing
+                text = f.read(1 << 20).decode("utf-8", "replace")
+        except OSError:
+            continue
+        m = re.search(r"ERROR SUMMARY: (\d+) errors?", text)
+        if not m or int(m.group(1)) == 0:
+            continue
+        lines = [ln.removeprefix("=========").rstrip() for ln in text.splitlines()
+                 if ln.startswith("=========") and "COMPUTE-SANITIZER" not in ln]
+        first: list[str] = []
+        for ln in lines:
+            if not ln.strip():
+                if first:
+                    break
+                continue
+            first.append(ln.strip())
+        return (f"compute-sanitizer {tool} found {m.group(1)} error(s) on rank {rank}: "
+                f"{first[0] if first else 'see detail'}", "\n".join(first[1:12]))
+    return None
+
+
 def run_job(plan: Plan, artifact: Path, job_dir: Path, timed: bool,
-            trials: bool = True) -> Outcome:
+            trials: bool = True, sanitize: str | None = None) -> Outcome:
     """The job runner: one job of ranks running every case of the plan (see `JobRunner`)."""
     task, world, platform, settings = plan.task, plan.world, plan.platform, plan.settings
     if job_dir.exists():
@@ -124,7 +153,7 @@ def run_job(plan: Plan, artifact: Path, job_dir: Path, timed: bool,
         fixtures=list(task.fixtures), workspace_bytes=task.workspace, backend=platform.backend,
         out=str(out), scratch=str(scratch), job_dir=str(job_dir.resolve()), nccl_lib=libs,
         deadline_s=plan.deadline, ranks_per_gpu=getattr(platform, "ranks_per_gpu", 1),
-        stress=trials and settings.stress > 1,
+        stress=trials and settings.stress > 1 and not sanitize,
         cases=[{"id": c.id, "args": c.args, "params": c.params} for c in plan.cases])
     job_file = job_dir / "ro" / protocol.JOB_FILE
     job_file.write_text(spec.to_json())
@@ -144,13 +173,19 @@ def run_job(plan: Plan, artifact: Path, job_dir: Path, timed: bool,
         staged = job_dir / "ro" / watch.name
         shutil.copyfile(watch, staged)
         env[cupti_guard.GUARD_ENV] = str(staged)
-    argv = platform.launch_argv(world, job_file)
+    wrap = platform.sanitizer(sanitize, out) if sanitize else None
+    if sanitize and wrap is None:
+        raise RuntimeError(f"platform {platform.name} has no memory checker for {sanitize}")
+    argv = platform.launch_argv(world, job_file, tuple(wrap or ()))
     if not settings.unsandboxed:
         argv = sandbox.wrap(job_dir, argv, env, hide=hidden(settings))
     obs_settings = observer.Settings(
         reps=settings.reps, max_reps=settings.max_reps, timing_budget=settings.timing_budget,
         warmup=settings.warmup, wall_s=settings.timing_wall, rtol=task.check.rtol,
-        atol=task.check.atol, stress=settings.stress if task.check.stress else 0)
+        atol=task.check.atol,
+        stress=settings.stress if task.check.stress and not sanitize else 0)
+    if sanitize:  # the trials only: a checked rank runs many times slower
+        obs_settings = dataclasses.replace(obs_settings, reps=0, max_reps=0)
     rng = np.random.default_rng(job_seed(settings.seed, job_dir))
     # batches of calls: Python solutions on the host backend; on a GPU (a device buffer set,
     # a compiled solution's context and its IPC mappings per call) where asked for
@@ -214,6 +249,11 @@ def run_job(plan: Plan, artifact: Path, job_dir: Path, timed: bool,
                            if result.timed_out else "the job ended early")
     outcome.output, outcome.seconds = result.output, result.seconds
     outcome.batches = obs.batches
+    if sanitize and obs.loaded:
+        found = sanitizer_findings(out, world, sanitize)
+        if found:  # the checker's evidence outranks however the job ended
+            outcome.verdict, (outcome.message, outcome.detail) = Verdict.WRONG_ANSWER, found
+            return outcome
     if outcome.verdict is Verdict.RUNTIME_ERROR and not settings.unsandboxed:
         killed_outside(result)
     if outcome.verdict in (Verdict.RUNTIME_ERROR, Verdict.TIMEOUT):

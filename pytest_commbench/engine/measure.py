@@ -11,13 +11,14 @@ policy is tested without launching a rank.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from .. import observer
+from ..rank.protocol import NATIVE_LANGUAGES
 from ..timing import (
     HostLoad,
     interval90,
@@ -67,6 +68,40 @@ def reference_failed(outcome: Outcome) -> str:
     return f"{text}\n{outcome.detail[-4000:]}" if outcome.detail else text
 
 
+SANITIZED_SIZES = 2  # the smallest sizes are checked under the memory checker
+SANITIZER_SLOWDOWN = 10  # ... with this many times the task's deadline
+
+
+def sanitizer_tool(plan: Plan) -> str | None:
+    """The memory checker's tool the item's answer runs under (None: none): a compiled
+    answer on a platform that has a checker; `auto` is memcheck where there is one."""
+    tool = plan.settings.sanitizer
+    if tool == "off" or plan.task.language not in NATIVE_LANGUAGES:
+        return None
+    tool = "memcheck" if tool == "auto" else tool
+    if plan.platform.sanitizer(tool, plan.settings.work) is None:
+        if plan.settings.sanitizer == "auto":
+            return None
+        raise InfraError(f"--commbench-sanitizer={tool}: platform {plan.platform.name} has no "
+                         "memory checker (compute-sanitizer not found)")
+    return tool
+
+
+def sanitize(plan: Plan, artifact: Path, run_job: JobRunner) -> None:
+    """One more job of the answer, its ranks under the memory checker, at the task's smallest
+    sizes, trials only: an access out of bounds, a race on shared memory or an uninitialized
+    read that happened to give the right bytes is a wrong answer with the checker's report."""
+    tool = sanitizer_tool(plan)
+    if tool is None:
+        return
+    counts = sorted({c.count for c in plan.cases})[:SANITIZED_SIZES]
+    small = replace(plan, cases=[c for c in plan.cases if c.count in counts],
+                    deadline=plan.deadline * SANITIZER_SLOWDOWN)
+    outcome = run_job(small, artifact, plan.settings.work / "sanitize", False, sanitize=tool)
+    if outcome.verdict is not Verdict.PASS:
+        raise rejected(outcome)
+
+
 def uncertainty(times: Times, plan: Plan) -> tuple[bool, float | None, bool]:
     """Whether any case has times of both sides; the speedup's standard error so far; and
     whether it is less precise than asked."""
@@ -97,6 +132,7 @@ def measure(plan: Plan, artifacts: dict[str, Path], run_job: JobRunner,
         if outcome.verdict is not Verdict.PASS:
             raise rejected(outcome)
         result.job_phases_s["check"] = outcome.phases_s
+        sanitize(plan, artifacts["sol"], run_job)
         # a warm-up job of the reference, timed like the others, its times thrown away:
         # whatever the first job of an item pays (page cache, input files being written back,
         # cold imports, devices waking from idle) is paid here; on 2x H200 the first timed
@@ -152,6 +188,8 @@ def measure(plan: Plan, artifacts: dict[str, Path], run_job: JobRunner,
                         [round(float(np.median([t.before for t in ts])) * 1e6, 1),
                          round(float(np.median([t.after for t in ts])) * 1e6, 1)])
         rnd += 1
+    if not timed:
+        sanitize(plan, artifacts["sol"], run_job)
     result.untimed_phases_us = {
         cid: {"baseline": [round(b * 1e6, 1) for b in baseline[cid]]
               if baseline.get(cid) else None, **per_role}

@@ -56,7 +56,8 @@ class Plan:
 
 class JobRunner(Protocol):
     """Runs one job of `artifact` (a built reference or solution) in `job_dir`: every case of
-    the plan, timed or not, with the trials (late ranks, ...) or without."""
+    the plan, timed or not, with the trials (late ranks, ...) or without; `sanitize` names
+    the memory checker's tool every rank runs under (the job then makes its trials only)."""
 
     def __call__(self, plan: Plan, artifact: Path, job_dir: Path, timed: bool,
-                 trials: bool = True) -> Outcome: ...
+                 trials: bool = True, sanitize: str | None = None) -> Outcome: ...

@@ -54,11 +54,17 @@ class Platform:
         to itself when whole, as a timed job); yields environment for the job."""
         yield {}
 
-    def launch_argv(self, world: int, job: Path) -> list[str]:
+    def launch_argv(self, world: int, job: Path, wrap: tuple[str, ...] = ()) -> list[str]:
+        """The job's launch: `wrap` runs each rank under a tool (a sanitizer)."""
         mpiexec = find_mpiexec()
         # the ranks run the job's own copy of the rank code (the package is not visible)
-        return [mpiexec, "-n", str(world), "--oversubscribe",
+        return [mpiexec, "-n", str(world), "--oversubscribe", *wrap,
                 sys.executable, "-m", "commbench_rank", str(job)]
+
+    def sanitizer(self, tool: str, out: Path) -> tuple[str, ...] | None:
+        """The command that runs a rank under the vendor's memory checker with `tool`, its
+        reports in `out` (SANITIZER_LOG, per rank); None where the platform has none."""
+        return None
 
     def fingerprint(self) -> dict[str, Any]:
         import numpy

@@ -16,6 +16,7 @@ from typing import Any
 
 from ..build import build_cuda, build_python, find_cuda_libs
 from ..profiles import DISTINCT, PROFILES, GpuProfile
+from ..rank.protocol import SANITIZER_EXIT, SANITIZER_LOG
 from ..tasks import Task
 from .gpu import GENERIC, GpuPlatform, _run, _version, gpu_local_cpus_from
 
@@ -102,6 +103,23 @@ SHARED_ENV = {
 MPS_CONTROL_DIRS = ("/usr/local/nvidia/bin", "/usr/bin", "/usr/local/bin")
 
 
+def compute_sanitizer() -> str | None:
+    """NVIDIA's compute-sanitizer: on PATH, else beside the nvcc found, else in the toolkit's
+    usual places."""
+    found = shutil.which("compute-sanitizer")
+    if found:
+        return found
+    places = []
+    nvcc = shutil.which("nvcc")
+    if nvcc:
+        root = Path(nvcc).resolve().parent.parent
+        places += [root / "bin" / "compute-sanitizer",
+                   root / "compute-sanitizer" / "compute-sanitizer"]
+    places += [Path("/usr/local/cuda/bin/compute-sanitizer"),
+               Path("/usr/local/cuda/compute-sanitizer/compute-sanitizer")]
+    return next((str(p) for p in places if p.is_file() and os.access(p, os.X_OK)), None)
+
+
 def mps_control() -> str | None:
     """The MPS control program (PATH first, then where drivers put it)."""
     found = shutil.which("nvidia-cuda-mps-control")
@@ -151,15 +169,26 @@ class NvidiaPlatform(GpuPlatform):
             return build_cuda(task, source, cache_dir, self.profile.arch)
         return build_python(task, source, cache_dir)
 
-    def launch_argv(self, world: int, job: Path) -> list[str]:
+    def launch_argv(self, world: int, job: Path, wrap: tuple[str, ...] = ()) -> list[str]:
         """Ranks on shared GPUs are started by the job's MPS wrapper (`rank/mps.py`), which
         runs a daemon of the job's own around the launcher."""
-        argv = super().launch_argv(world, job)
+        argv = super().launch_argv(world, job, wrap)
         if not self.shared(world):
             return argv
         out = json.loads(Path(job).read_text())["out"]
         return [sys.executable, "-m", "commbench_rank.mps", mps_control() or
                 "nvidia-cuda-mps-control", out, "--", *argv]
+
+    def sanitizer(self, tool: str, out: Path) -> tuple[str, ...] | None:
+        """compute-sanitizer with `tool` around a rank: every finding in the rank's own log
+        (Open MPI's rank variable names it), and the rank's exit status SANITIZER_EXIT when
+        there was any."""
+        path = compute_sanitizer()
+        if path is None:
+            return None
+        return (path, "--tool", tool, "--error-exitcode", str(SANITIZER_EXIT),
+                "--print-limit", "20", "--log-file",
+                str(Path(out) / SANITIZER_LOG.format(rank="%q{OMPI_COMM_WORLD_RANK}")))
 
     def reap(self, out: Path) -> None:
         """Stop an MPS daemon a job left behind (jobs without a sandbox, whose daemon is not

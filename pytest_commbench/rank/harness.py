@@ -458,6 +458,13 @@ class Calls:
             if batch > 1:
                 for (values, args, state), one, work, inputs, spec, hold in zip(
                         argsets, sets, self.work, fed_bufs, self.fed, holds):
+                    # the stress phase holds this rank back before this call: on the host
+                    # before its inputs are in place (a peer that reads them early reads
+                    # the last call's), or on its device (its stream waits)
+                    on_device = bool(hold) and hold[1] == "device" and (
+                        self.hold_device is not None)
+                    if hold and not on_device:
+                        time.sleep(hold[0])
                     if b.staged:  # its inputs, uploaded just before it
                         read_feed(self.link.feed, inputs)
                         for (name, *_), host in zip(spec, inputs):
@@ -472,12 +479,8 @@ class Calls:
                     self.args = args
                     if state is not None:
                         self.fn.use(state)
-                    if hold:  # the stress phase holds this rank back before this call
-                        seconds, where = hold
-                        if where == "device" and self.hold_device is not None:
-                            self.hold_device(seconds)
-                        else:
-                            time.sleep(seconds)
+                    if hold and on_device:  # its stream waits before the call's work
+                        self.hold_device(hold[0])
                     self.call(ctx)
                     if not b.staged:
                         for name in outs:

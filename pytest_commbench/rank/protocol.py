@@ -70,6 +70,8 @@ FEED_BYTES = 1 << 20  # a rank's feed (pipe) capacity asked for; what a batch's 
 # (mps.py, standard library only) keep copies of theirs; tests/test_protocol.py holds every
 # copy to these.
 GUARD_EXIT = 86  # a rank ended by a run-time guard (a forbidden call): audit hook, C guards
+SANITIZER_EXIT = 87  # a rank run under a memory checker that found an error
+SANITIZER_LOG = "sanitizer_r{rank}.txt"  # in the job's out folder: a checker's report per rank
 RESOLVE_EXIT = 87  # the interposer found no real function: it does not fit the MPI library
 LIMIT_EXIT = 122  # the sandbox stopped the job at one of its limits (and said which)
 MPS_FAILED = 124  # the job's MPS daemon could not be started (no rank ran)
