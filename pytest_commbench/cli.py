@@ -396,8 +396,37 @@ def cmd_prompt(args: argparse.Namespace) -> int:
         print(f"commbench prompt: {task.relpath} has no hints", file=sys.stderr)
     platform = args.platform or next((p for p in task.platforms if p != "cpu"),
                                      task.platforms[0])
-    print(build(task, {"platform": platform}, hints=args.hints))
+    facts: dict = {}
+    if args.fingerprint:
+        try:
+            facts = _fingerprint_of(Path(args.fingerprint))
+        except (OSError, ValueError) as exc:
+            print(f"commbench prompt: {args.fingerprint}: {exc}", file=sys.stderr)
+            return 2
+    print(build(task, {**facts, "platform": facts.get("platform", platform)}, hints=args.hints))
     return 0
+
+
+def _fingerprint_of(path: Path) -> dict:
+    """Machine facts from a JSON object's file or from a results log's first fingerprint."""
+    import json
+
+    text = path.read_text(encoding="utf-8")
+    try:
+        data = json.loads(text)
+    except ValueError:
+        data = None
+    if isinstance(data, dict):
+        return data.get("fingerprint", data) if isinstance(data.get("fingerprint"), dict) \
+            else data
+    for line in text.splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict) and isinstance(record.get("fingerprint"), dict):
+            return record["fingerprint"]
+    raise ValueError("no fingerprint in it (a JSON object, or a results log with one)")
 
 
 def cmd_models(args: argparse.Namespace) -> int:
@@ -566,6 +595,9 @@ def main(argv: list[str] | None = None) -> int:
     prm.add_argument("--hints", action="store_true", help="add the task's hints")
     prm.add_argument("--platform", default=None,
                      help="the platform named in the prompt's machine facts")
+    prm.add_argument("--fingerprint", default=None,
+                     help="the machine facts to state: a JSON object's file, or a results log "
+                          "(its first record's fingerprint)")
     prm.set_defaults(func=cmd_prompt)
     args = parser.parse_args(argv)
     try:

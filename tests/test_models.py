@@ -88,9 +88,10 @@ def _servers():
     return pytest.importorskip("llm_servers", reason="the scripted servers")
 
 
-def _run(bench, monkeypatch, kind, script, *args, key=True):
+def _run(bench, monkeypatch, kind, script, *args, key=True, add=True):
     pytest.importorskip(kind)
-    bench.add_task(TASK, ranks=2)
+    if add:
+        bench.add_task(TASK, ranks=2)
     var = "OPENAI_API_KEY" if kind == "openai" else "ANTHROPIC_API_KEY"
     if key:
         monkeypatch.setenv(var, "test-key")
@@ -437,3 +438,72 @@ def test_the_budget_counts_replayed_answers_at_every_world_size_and_on_a_rerun(
     again = bench.records()[len(first):]
     assert [r["rounds"] for r in again] == [2, 2] and all(r["replayed"] for r in again)
     assert per_task(again)[0]["cost"] == pytest.approx(0.02)
+
+
+# -- prompts and hints ---------------------------------------------------------------------------
+
+HINTED = "collective/twoshot_allreduce_ipc"
+
+
+def test_a_prompt_is_the_contract_and_its_hints_come_only_when_asked():
+    task = load_task(REPO / "suites" / HINTED / "task.toml", REPO / "suites")
+    hints = task.hints.read_text().strip()
+    plain = prompts.build(task, {"platform": "h200"})
+    hinted = prompts.build(task, {"platform": "h200"}, hints=True)
+    assert hints[:200] not in plain and "## Hints" not in plain
+    assert hints[:200] in hinted and hinted.startswith(plain.rstrip()[:500])
+    # how every call is made and checked, stated once for every task: ownership, the late
+    # rank (where the task has one), the calls back to back with a rank held back
+    assert "until a rank's call has begun, its buffers belong to its caller" in plain
+    assert "no synchronization between them" in plain and "on its device" in plain
+    copy = load_task(REPO / "suites" / "p2p" / "sm_peer_copy" / "task.toml", REPO / "suites")
+    assert not copy.check.late_rank
+    assert "one rank late" not in prompts.build(copy, {"platform": "h200"})
+
+
+def test_every_gpu_task_has_hints_apart_from_its_contract():
+    from pytest_commbench.tasks import load_suite
+
+    tasks, errors = load_suite(REPO / "suites")
+    assert not errors
+    gpu = [t for t in tasks if set(t.platforms) - {"cpu"}]
+    missing = [t.relpath for t in gpu if t.hints is None]
+    assert not missing, f"GPU tasks without hints.md: {missing}"
+    for t in gpu:  # the method is in the hints: the contract names no memory scope
+        text = t.prompt.read_text()
+        assert "st.release.sys" not in text and "ld.acquire.sys" not in text, t.relpath
+
+
+def test_commbench_prompt_prints_what_a_model_is_sent(capsys, tmp_path):
+    from pytest_commbench.cli import main
+
+    assert main(["prompt", HINTED, "--suites", str(REPO / "suites")]) == 0
+    out = capsys.readouterr().out
+    assert "## How every call is made and checked" in out and "## Hints" not in out
+    assert main(["prompt", HINTED, "--suites", str(REPO / "suites"), "--hints"]) == 0
+    assert "## Hints" in capsys.readouterr().out
+    facts = tmp_path / "fp.json"
+    facts.write_text(json.dumps({"platform": "h200", "gpu": "NVIDIA H200", "nccl": "2.28.9"}))
+    assert main(["prompt", HINTED, "--suites", str(REPO / "suites"), "--fingerprint",
+                 str(facts)]) == 0
+    assert "- nccl: 2.28.9" in capsys.readouterr().out
+    assert main(["prompt", "collective/no_such_task", "--suites", str(REPO / "suites")]) == 2
+    assert "no task" in capsys.readouterr().err
+
+
+def test_a_run_with_hints_is_kept_and_scored_apart(bench, monkeypatch):
+    suite = bench.add_task(TASK, ranks=2)
+    (suite / "hints.md").write_text("Sum with a ring: reduce-scatter, then all-gather.\n")
+    script = [{"text": f"```python\n{REF}```"}]
+    _, requests = _run(bench, monkeypatch, "openai", script, "--commbench-hints", add=False)
+    sent = json.dumps(requests)
+    assert "Sum with a ring: reduce-scatter" in sent
+    record = _only(bench)
+    assert record["verdict"] == "pass" and record["hints"] is True
+    kept = list((bench.root / "runs" / "replies").rglob("reply.md"))
+    assert len(kept) == 1 and "openai_coder_hints" in str(kept[0])
+    # without hints the kept reply is not the one to replay: the model is asked again
+    _run(bench, monkeypatch, "openai", script, add=False)
+    records = [r for r in bench.records() if r["nodeid"] == NODE]
+    assert [r.get("hints") for r in records] == [True, None]
+    assert len(list((bench.root / "runs" / "replies").rglob("reply.md"))) == 2
