@@ -9,7 +9,7 @@ from typing import Any
 from ..regions import parse
 from ..tasks import Task
 
-FENCE = {"cuda": "cuda", "python": "python"}
+FENCE = {"cuda": "cuda", "hip": "cpp", "python": "python"}
 PLATFORM_KEYS = ("platform", "gpu", "gpu_count", "interconnect", "gpu0_gpu1_link", "cuda",
                  "driver", "nccl", "nvshmem", "mpi", "mpi4py", "cupy", "numpy", "python", "cpu")
 
@@ -45,8 +45,8 @@ Edit only the regions between the marker lines `{comment} >>> COMMBENCH EDIT <na
 `{comment} <<< COMMBENCH EDIT` (regions: {', '.join(names)}). Reply with the whole file in one
 fenced code block, or with only the regions, each with its two marker lines and your code
 between them. Anything changed outside the regions is rejected, and so are calls the task
-forbids{_FORBID.get(task.language, ".")}
-{_STATE.get(task.language, "")}
+forbids{_FORBID.get(_kind(task), ".")}
+{_STATE.get(_kind(task), "")}
 {calls(task)}{hints_section(task, hints)}"""
 
 
@@ -96,6 +96,11 @@ The harness's verdict on it:
 
 Answer again, in the same form: correct first, then fast.
 """
+
+
+def _kind(task: Task) -> str:
+    """The prompt's wording for the task's language: compiled (cuda, hip) or python."""
+    return "python" if task.language == "python" else "cuda"
 
 
 def calls(task: Task) -> str:
