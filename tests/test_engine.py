@@ -111,7 +111,7 @@ def test_a_compiled_answer_runs_its_smallest_sizes_under_the_memory_checker(tmp_
     measure(plan, {"sol": jobs.sol}, jobs, lambda: Load())
     # auto: memcheck, after the check, at the two smallest sizes, with a longer deadline
     assert [n for n, *_ in jobs.ran] == ["sol0", "sanitize"]
-    assert jobs.sanitized == [("memcheck", [4096, 1], 100.0)]
+    assert jobs.sanitized == [("memcheck", [4096, 1], 30.0)]
     # timed: right after the check job, before any reference job is spent
     jobs = _jobs(tmp_path)
     plan = _plan(tmp_path, "cuda", "compute-sanitizer", sanitizer="racecheck",

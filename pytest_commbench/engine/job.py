@@ -168,7 +168,10 @@ def run_job(plan: Plan, artifact: Path, job_dir: Path, timed: bool,
         staged = job_dir / "ro" / preload.name
         shutil.copyfile(preload, staged)
         env["LD_PRELOAD"] = ":".join(p for p in (str(staged), env.get("LD_PRELOAD")) if p)
-    watch = cupti_guard_for(task, settings) if on_cuda else None
+    # the memory checker's job runs without the CUDA run-time guard (both sit on CUPTI, and
+    # the checker refuses a second subscriber): it can only add a failure to an answer whose
+    # guarded check job passed, never pass what the guard would stop
+    watch = cupti_guard_for(task, settings) if on_cuda and not sanitize else None
     if watch is not None:  # loaded and armed by each rank, before the solution
         staged = job_dir / "ro" / watch.name
         shutil.copyfile(watch, staged)

@@ -69,7 +69,7 @@ def reference_failed(outcome: Outcome) -> str:
 
 
 SANITIZED_SIZES = 2  # the smallest sizes are checked under the memory checker
-SANITIZER_SLOWDOWN = 10  # ... with this many times the task's deadline
+SANITIZER_SLOWDOWN = 3  # ... with this many times the task's deadline
 
 
 def sanitizer_tool(plan: Plan) -> str | None:
