@@ -45,7 +45,7 @@ Edit only the regions between the marker lines `{comment} >>> COMMBENCH EDIT <na
 `{comment} <<< COMMBENCH EDIT` (regions: {', '.join(names)}). Reply with the whole file in one
 fenced code block, or with only the regions, each with its two marker lines and your code
 between them. Anything changed outside the regions is rejected, and so are calls the task
-forbids{_FORBID.get(_kind(task), ".")}
+forbids{_FORBID.get(_kind(task), ".")}{_always(task)}
 {_STATE.get(_kind(task), "")}
 {calls(task)}{hints_section(task, hints)}"""
 
@@ -96,6 +96,18 @@ The harness's verdict on it:
 
 Answer again, in the same form: correct first, then fast.
 """
+
+
+def _always(task: Task) -> str:
+    """What every compiled answer may not use besides the task's own list (build.py's
+    native_forbid), said where it applies: a failure for it is never an unstated rule."""
+    if _kind(task) != "cuda":
+        return ""
+    lookups = (" Where the task forbids anything, the built library may not look functions "
+               "up at run time either (`dlopen`, `dlsym`, `cuGetProcAddress`, "
+               "`cudaGetDriverEntryPoint*`)." if task.forbid else "")
+    return (f"{lookups} No answer may use CUPTI (`cupti*`), the Python C API (`Py*`), MPI's "
+            "dynamic processes, or NVLink multicast (`cuMulticast*`, `multimem`).")
 
 
 def _kind(task: Task) -> str:
