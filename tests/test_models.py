@@ -456,6 +456,9 @@ def test_a_prompt_is_the_contract_and_its_hints_come_only_when_asked():
     # rank (where the task has one), the calls back to back with a rank held back
     assert "until a rank's call has begun, its buffers belong to its caller" in plain
     assert "no synchronization between them" in plain and "on its device" in plain
+    # the harness's C ABI is part of the contract: the header the template includes, whole
+    header = (REPO / "pytest_commbench" / "include" / "commbench.h").read_text().rstrip()
+    assert header in plain and "The harness's header `commbench.h`" in plain
     copy = load_task(REPO / "suites" / "p2p" / "sm_peer_copy" / "task.toml", REPO / "suites")
     assert not copy.check.late_rank
     assert "one rank late" not in prompts.build(copy, {"platform": "h200"})

@@ -4,6 +4,8 @@ the mutants or the seed."""
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
 from typing import Any
 
 from ..regions import parse
@@ -39,7 +41,7 @@ compares its time with an expert solution's. This machine:
 {template.rstrip()}
 ```
 
-## How to answer
+{headers(template)}## How to answer
 
 Edit only the regions between the marker lines `{comment} >>> COMMBENCH EDIT <name>` and
 `{comment} <<< COMMBENCH EDIT` (regions: {', '.join(names)}). Reply with the whole file in one
@@ -96,6 +98,26 @@ The harness's verdict on it:
 
 Answer again, in the same form: correct first, then fast.
 """
+
+
+INCLUDE = Path(__file__).resolve().parent.parent / "include"
+
+
+def headers(template: str) -> str:
+    """The harness's own headers the template includes (the C ABI of the call, the set-up
+    helpers' signatures): part of the contract, so shown whole."""
+    shown = []
+    for name in re.findall(r'^\s*#\s*include\s*"([^"/]+)"', template, re.M):
+        path = INCLUDE / name
+        if path.is_file() and name not in shown:
+            shown.append(name)
+    return "".join(f"""## The harness's header `{name}` (included by the template)
+
+```cpp
+{(INCLUDE / name).read_text(encoding="utf-8").rstrip()}
+```
+
+""" for name in shown)
 
 
 def _always(task: Task) -> str:
