@@ -40,9 +40,9 @@ class RunSettings:
     shared_node: bool = False  # timed items lease only their GPUs, not the whole node
     unsandboxed: bool = False  # jobs without their namespaces
     gpu_batch: bool = False  # GPU jobs batch short calls too
-    # the memory checker a compiled answer's extra check job runs under: auto (memcheck where
-    # the platform has one), off, or a tool (memcheck, racecheck, synccheck, initcheck)
-    sanitizer: str = "auto"
+    # the memory checker a compiled answer's extra check job runs under: off, auto (memcheck
+    # where the platform has one), or a tool (memcheck, racecheck, synccheck, initcheck)
+    sanitizer: str = "off"
     stress: int = 6  # calls back to back after each case's trials (0: no stress phase)
     hints: bool = False  # prompts carry the tasks' hints (another configuration of a model)
 

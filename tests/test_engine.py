@@ -107,7 +107,7 @@ def test_a_check_only_item_runs_the_solution_once_untimed(tmp_path):
 
 def test_a_compiled_answer_runs_its_smallest_sizes_under_the_memory_checker(tmp_path):
     jobs = _jobs(tmp_path)
-    plan = _plan(tmp_path, "cuda", "compute-sanitizer", counts=(4096, 1))
+    plan = _plan(tmp_path, "cuda", "compute-sanitizer", counts=(4096, 1), sanitizer="auto")
     measure(plan, {"sol": jobs.sol}, jobs, lambda: Load())
     # auto: memcheck, after the check, at the two smallest sizes, with a longer deadline
     assert [n for n, *_ in jobs.ran] == ["sol0", "sanitize"]
@@ -126,13 +126,15 @@ def test_a_finding_of_the_memory_checker_rejects_the_answer(tmp_path):
                     "rank 0: Invalid __global__ write of size 4 bytes")
     jobs = _jobs(tmp_path, fail={"sanitize": found})
     with pytest.raises(Rejected) as exc:
-        measure(_plan(tmp_path, "cuda", "cs"), {"sol": jobs.sol}, jobs, lambda: Load())
+        measure(_plan(tmp_path, "cuda", "cs", sanitizer="memcheck"), {"sol": jobs.sol}, jobs,
+                lambda: Load())
     assert exc.value.verdict is Verdict.WRONG_ANSWER and "Invalid __global__" in exc.value.message
 
 
 def test_no_checker_job_for_python_answers_where_there_is_none_or_when_off(tmp_path):
-    for plan in (_plan(tmp_path, "python", "cs"), _plan(tmp_path, "cuda", None),
-                 _plan(tmp_path, "cuda", "cs", sanitizer="off")):
+    for plan in (_plan(tmp_path, "python", "cs", sanitizer="auto"),
+                 _plan(tmp_path, "cuda", None, sanitizer="auto"),
+                 _plan(tmp_path, "cuda", "cs")):  # off by default
         jobs = _jobs(tmp_path)
         measure(plan, {"sol": jobs.sol}, jobs, lambda: Load())
         assert jobs.sanitized == [] and [n for n, *_ in jobs.ran] == ["sol0"]
