@@ -1,0 +1,1 @@
+pytest suites --platform=auto --commbench-model=mutants --commbench-check-only --commbench-timeout=120 --commbench-stress=0 --commbench-sanitizer=off -k (twoshot_allreduce_ipc and np2-mutant-barriers_only_when_gated) or (sm_peer_copy and np2-mutant-tail_whole_word)
