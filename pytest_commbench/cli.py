@@ -348,12 +348,59 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         return 2
 
 
+def example_library(name: str) -> str:
+    """The library a CommBench example is written against, from its directory name."""
+    low = name.lower()
+    for needle, library in (("nccl_device_api", "nccl-device"), ("msclpp", "mscclpp"),
+                            ("mscclpp", "mscclpp"), ("rdma", "ibverbs"), ("ibv_", "ibverbs"),
+                            ("torch_distributed", "torch"), ("nvshmem", "nvshmem"),
+                            ("deepep", "deepep"), ("thunderkitten", "thunderkittens"),
+                            ("vllm", "vllm"), ("sglang", "sglang")):
+        if needle in low:
+            return library
+    return "cuda-runtime"
+
+
+# a task's library that counts as the example's own (torch.distributed runs NCCL)
+SAME_LIBRARY = {"torch": {"torch", "nccl"}, "cuda-runtime": {"cuda-runtime"}}
+
+
+def upstream_coverage(tasks) -> list[tuple[str, str, str, list[str]]]:
+    """(example, its library, covered | partly | none, the tasks naming it) for each of the
+    paper's examples: covered where a task names it and uses the example's library, partly
+    where the tasks that name it use another (the problem ported, not the library's API)."""
+    from .tasks import commbench_examples
+
+    rows = []
+    for _num, name in sorted(commbench_examples().items()):
+        library = example_library(name)
+        naming = [t for t in tasks if t.upstream == name]
+        own = SAME_LIBRARY.get(library, {library})
+        status = ("none" if not naming else
+                  "covered" if any(t.library in own for t in naming) else "partly")
+        rows.append((name, library, status, [t.relpath for t in naming]))
+    return rows
+
+
 def cmd_tasks(args: argparse.Namespace) -> int:
     from collections import Counter
 
     tasks, errors = load_suite(Path(args.suites))
     for error in errors:
         print(f"error: {error}", file=sys.stderr)
+    if args.upstream:
+        rows = upstream_coverage(tasks)
+        print(tabulate([[n, lib, st, ", ".join(ts) or "-"] for n, lib, st, ts in rows],
+                       headers=["example", "library", "coverage", "tasks"]))
+        counts = Counter(st for _, _, st, _ in rows)
+        print(f"\n{len(rows)} examples: covered {counts['covered']}, partly "
+              f"{counts['partly']} (the problem in another library), none {counts['none']}")
+        by_lib = Counter((lib, st) for _, lib, st, _ in rows)
+        for lib in sorted({lib for _, lib, _, _ in rows}):
+            print(f"  {lib}: " + ", ".join(f"{st} {by_lib[(lib, st)]}"
+                                           for st in ("covered", "partly", "none")
+                                           if by_lib[(lib, st)]))
+        return 1 if errors else 0
     rows = []
     for t in tasks:
         rows.append([t.relpath, t.category, t.library, t.difficulty, t.setup,
@@ -586,6 +633,10 @@ def main(argv: list[str] | None = None) -> int:
     doc.set_defaults(func=cmd_doctor)
     tsk = sub.add_parser("tasks", help="list the tasks of a suites folder")
     tsk.add_argument("suites", nargs="?", default="suites")
+    tsk.add_argument("--upstream", action="store_true",
+                     help="the CommBench paper's examples instead: which the suite covers "
+                          "with the example's own library, which only partly (ported to "
+                          "another library), which not at all")
     tsk.set_defaults(func=cmd_tasks)
     prm = sub.add_parser("prompt", help="print the prompt a model is sent for a task (its "
                                         "contract; with --hints, the hints too)")

@@ -510,3 +510,23 @@ def test_a_run_with_hints_is_kept_and_scored_apart(bench, monkeypatch):
     records = [r for r in bench.records() if r["nodeid"] == NODE]
     assert [r.get("hints") for r in records] == [True, None]
     assert len(list((bench.root / "runs" / "replies").rglob("reply.md"))) == 2
+
+
+def test_commbench_tasks_upstream_says_what_the_suite_covers_in_the_examples_own_library(capsys):
+    from pytest_commbench.cli import example_library, main, upstream_coverage
+    from pytest_commbench.tasks import load_suite
+
+    assert example_library("example086_mscclpp_alltoall_hard") == "mscclpp"
+    assert example_library("example095_msclpp_allreduce_rsag_zero_hard") == "mscclpp"
+    assert example_library("example043_nccl_device_api_intranode_allreduce") == "nccl-device"
+    assert example_library("example073_GPU_p2p_pingpong_latency") == "cuda-runtime"
+    tasks, _ = load_suite(REPO / "suites")
+    rows = {name: (lib, status, named) for name, lib, status, named in upstream_coverage(tasks)}
+    assert len(rows) == 101
+    # an MSCCL++ example posed in plain CUDA is only partly covered; NVSHMEM's own are covered
+    lib, status, named = rows["example096_mscclpp_mc_put_hard"]
+    assert lib == "mscclpp" and status == "partly" and "p2p/memory_channel_put" in named
+    assert rows["example033_nvshmem_put_and_signal"][1] == "covered"
+    assert all(s == "none" for lib, s, _ in rows.values() if lib == "ibverbs")
+    assert main(["tasks", str(REPO / "suites"), "--upstream"]) == 0
+    assert "101 examples: covered" in capsys.readouterr().out
