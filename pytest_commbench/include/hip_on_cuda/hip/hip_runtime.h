@@ -104,6 +104,15 @@ typedef cudaDeviceAttr hipDeviceAttribute_t;
 #define hipEventQuery cudaEventQuery
 #define hipEventElapsedTime cudaEventElapsedTime
 #define hipIpcGetMemHandle cudaIpcGetMemHandle
+// pointer attributes (HIP's struct has CUDA's fields under the same names: type, device,
+// devicePointer, hostPointer)
+typedef cudaPointerAttributes hipPointerAttribute_t;
+#define hipPointerGetAttributes cudaPointerGetAttributes
+#define hipMemoryType cudaMemoryType
+#define hipMemoryTypeUnregistered cudaMemoryTypeUnregistered
+#define hipMemoryTypeHost cudaMemoryTypeHost
+#define hipMemoryTypeDevice cudaMemoryTypeDevice
+#define hipMemoryTypeManaged cudaMemoryTypeManaged
 #define hipIpcOpenMemHandle cudaIpcOpenMemHandle
 #define hipIpcCloseMemHandle cudaIpcCloseMemHandle
 #define hipIpcGetEventHandle cudaIpcGetEventHandle
@@ -180,6 +189,27 @@ template <typename T, typename U> __device__ inline T __hip_atomic_fetch_add(T* 
 }
 template <typename T, typename U> __device__ inline T __hip_atomic_exchange(T* p, U v, int o, int scope) {
   return commbench_hip::scoped(p, scope, [&](auto& a) { return a.exchange(T(v), commbench_hip::order(o)); });
+}
+// the other read-modify-write builtins clang's HIP has (fetch and/or/xor/min/max/sub):
+// libcu++'s atomic_ref has each of them
+#define COMMBENCH_HIP_RMW(name, op)                                                            \
+  template <typename T, typename U> __device__ inline T name(T* p, U v, int o, int scope) {  \
+    return commbench_hip::scoped(p, scope, [&](auto& a) { return a.op(T(v), commbench_hip::order(o)); }); \
+  }
+COMMBENCH_HIP_RMW(__hip_atomic_fetch_sub, fetch_sub)
+COMMBENCH_HIP_RMW(__hip_atomic_fetch_and, fetch_and)
+COMMBENCH_HIP_RMW(__hip_atomic_fetch_or, fetch_or)
+COMMBENCH_HIP_RMW(__hip_atomic_fetch_xor, fetch_xor)
+COMMBENCH_HIP_RMW(__hip_atomic_fetch_min, fetch_min)
+COMMBENCH_HIP_RMW(__hip_atomic_fetch_max, fetch_max)
+#undef COMMBENCH_HIP_RMW
+template <typename T, typename U>
+__device__ inline bool __hip_atomic_compare_exchange_weak(T* p, T* expected, U desired, int success,
+                                                          int failure, int scope) {
+  (void)failure;
+  return commbench_hip::scoped(p, scope, [&](auto& a) {
+    return a.compare_exchange_weak(*expected, T(desired), commbench_hip::order(success));
+  });
 }
 template <typename T, typename U>
 __device__ inline bool __hip_atomic_compare_exchange_strong(T* p, T* expected, U desired, int success,
