@@ -253,7 +253,10 @@ def _python_states(text: str, marks: list[_Marker], strict: bool) -> list[State]
             entry = states[-1][1]
             inside = range(opened.row + 1, mark.row)
             shallow = [r for r, c in starts if r in inside and c < mark.col]
-            if shallow:
+            # only code after the region can be taken into a block: a region that ends the
+            # file (nothing but blank lines and comments after it) may dedent as it likes
+            after = any(r > mark.row for r, _c in starts)
+            if shallow and after:
                 problem = (f"line {shallow[0]} of the region is indented less than its markers "
                            f"(that takes the text after the region into a block of the region's)")
             elif any(r in inside and d < entry for r, d in lowest):

@@ -239,3 +239,15 @@ def test_deeply_nested_replies_are_judged_not_crashed():
         regions.merge_reply(TEMPLATE, "# >>> COMMBENCH EDIT body\n    y[:] = " + "[" * 100_000
                             + "\n# <<< COMMBENCH EDIT\n")
     assert info.value.verdict in (Verdict.TAMPERED, Verdict.COMPILE_ERROR)
+
+
+def test_a_python_region_that_ends_the_file_may_dedent():
+    """A region whose end marker is the template's last code (nothing after it but comments
+    and blank lines) takes nothing into a block, however it indents: a correct answer that
+    closes its function and defines helpers at module level is no tampering."""
+    template = ("import numpy as np\n\n\ndef run(ctx, x, y):\n    # >>> COMMBENCH EDIT body\n"
+                "    raise NotImplementedError\n    # <<< COMMBENCH EDIT\n\n# the end\n")
+    body = "    y[:] = helper(x)\n\n\ndef helper(x):\n    return np.asarray(x) * 2\n"
+    solution = regions.fill(template, {"body": body})
+    compile(solution, "s", "exec")
+    regions.verify(template, solution)  # no Rejected
