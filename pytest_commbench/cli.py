@@ -458,22 +458,19 @@ def _fingerprint_of(path: Path) -> dict:
     """Machine facts from a JSON object's file or from a results log's first fingerprint."""
     import json
 
-    text = path.read_text(encoding="utf-8")
+    from .results import entries
+
     try:
-        data = json.loads(text)
+        data = json.loads(path.read_text(encoding="utf-8"))
     except ValueError:
         data = None
     if isinstance(data, dict):
-        return data.get("fingerprint", data) if isinstance(data.get("fingerprint"), dict) \
-            else data
-    for line in text.splitlines():
-        try:
-            record = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(record, dict) and isinstance(record.get("fingerprint"), dict):
-            return record["fingerprint"]
-    raise ValueError("no fingerprint in it (a JSON object, or a results log with one)")
+        return data["fingerprint"] if isinstance(data.get("fingerprint"), dict) else data
+    found = next((e["fingerprint"] for e in entries(path)
+                  if isinstance(e.get("fingerprint"), dict)), None)
+    if found is None:
+        raise ValueError("no fingerprint in it (a JSON object, or a results log with one)")
+    return found
 
 
 def cmd_models(args: argparse.Namespace) -> int:

@@ -717,11 +717,7 @@ class Observer:
             trials = [self.op.timed_trial(self.rng, case) for _ in range(n)]
             if any(d for t in trials for d in t.delays):
                 return False
-            outs = max(sum(int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
-                           for t in trials for shape, dtype in t.outputs[r].values())
-                       for r in range(self.world))
-            ins = max(sum(a.nbytes for t in trials for a in t.inputs[r].values())
-                      for r in range(self.world))
+            outs, ins = footprint(trials, self.world)
             if outs <= STRESS_BYTES and ins <= room:
                 break
             n //= 2
@@ -751,8 +747,7 @@ class Observer:
         room = min(r.feed_bytes for r in self.ranks)
         for _ in range(DRAWS):
             trials = [self.op.timed_trial(self.rng, case) for _ in range(batch)]
-            if all(sum(a.nbytes for t in trials for a in t.inputs[r].values()) <= room
-                   for r in range(self.world)):
+            if footprint(trials, self.world)[1] <= room:
                 return trials
         raise RuntimeError(f"{DRAWS} batches of {batch} calls drawn, none fits the ranks' "
                            f"feeds ({room} bytes)")
@@ -765,13 +760,10 @@ class Observer:
         buffer sets."""
         if not self.batch or per_call <= 0 or per_call >= BATCH_S:
             return 1
-        per_set = max(  # in the segment: the outputs (the inputs go through the feed)
-            sum(int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
-                for shape, dtype in trial.outputs[r].values())
-            for r in range(self.world))
-        # a call's inputs may vary in size (MoE routing is drawn per call): room for twice
-        # the warm-up's in the feed, and a batch that would still not fit is drawn again
-        fed = max(sum(a.nbytes for a in trial.inputs[r].values()) for r in range(self.world))
+        # in the segment: the outputs (the inputs go through the feed); a call's inputs may
+        # vary in size (MoE routing is drawn per call): room for twice the warm-up's in the
+        # feed, and a batch that would still not fit is drawn again
+        per_set, fed = footprint([trial], self.world)
         most = max(1, min(MAX_BATCH, BATCH_BYTES // max(per_set, 1),
                           min(r.feed_bytes for r in self.ranks) // max(2 * fed, 1)))
         batch = max(1, min(most, int(np.ceil(BATCH_S / per_call))))
@@ -790,6 +782,16 @@ class Observer:
         for r in self.ranks:
             if r is not None:
                 r.set("end", index)
+
+
+def footprint(trials: list[Trial], world: int) -> tuple[int, int]:
+    """The most bytes any rank needs for these calls back to back: (outputs, which take its
+    segment; inputs, which go through its feed)."""
+    outs = max(sum(int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+                   for t in trials for shape, dtype in t.outputs[r].values())
+               for r in range(world))
+    ins = max(sum(a.nbytes for t in trials for a in t.inputs[r].values()) for r in range(world))
+    return outs, ins
 
 
 class WrongAnswer(Exception):

@@ -327,8 +327,21 @@ MEMCHECK_LOG = """========= COMPUTE-SANITIZER
 
 
 def test_the_checkers_first_report_is_the_message(tmp_path):
+    import os
+
     from pytest_commbench.engine.job import sanitizer_findings
 
+    out = tmp_path / "out"
+    out.mkdir()
+    # the logs lie in the job's reach: a FIFO (whose open would wait forever) or a link to
+    # the reference is no log
+    os.mkfifo(out / "sanitizer_r0.txt")
+    (tmp_path / "secret").write_text(MEMCHECK_LOG)
+    (out / "sanitizer_r1.txt").symlink_to(tmp_path / "secret")
+    assert sanitizer_findings(out, 2, "memcheck") is None
+    (out / "sanitizer_r0.txt").unlink()
+    (out / "sanitizer_r1.txt").unlink()
+    tmp_path = out
     (tmp_path / "sanitizer_r0.txt").write_text("========= COMPUTE-SANITIZER\n"
                                                "========= ERROR SUMMARY: 0 errors\n")
     assert sanitizer_findings(tmp_path, 2, "memcheck") is None  # rank 1 wrote nothing

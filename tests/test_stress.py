@@ -46,8 +46,9 @@ def _allreduce(kind: str, rank: int, world: int, scratch: Scratch):
     """honest: post into its slot, wait for every post, read every slot, wait until every
     rank has read (the closing barrier: only then may a slot be written again).
     drops_barrier: the same, without the closing barrier after its first two calls (they
-    were made one at a time, and passed). Rank r reads for (r + 1) * 3 ms (a slower kernel
-    on a busier GPU): the fast rank's next post lands in a slot the slow one still reads."""
+    were made one at a time, and passed). Rank r reads for 2 + 20 r ms (a slower kernel on a
+    busier GPU): the fast rank's next post lands in a slot the slow one still reads, with
+    20 ms to spare for a loaded machine's scheduling."""
     calls = [0]
 
     def solution(ctx, sendbuf, recvbuf):
@@ -55,7 +56,7 @@ def _allreduce(kind: str, rank: int, world: int, scratch: Scratch):
         call = calls[0]
         scratch.slots[rank][:] = sendbuf
         scratch.arrive(scratch.posted, call, world)
-        time.sleep(0.003 * (rank + 1))
+        time.sleep(0.002 + 0.02 * rank)
         total = np.sum([s for s in scratch.slots], axis=0)
         recvbuf[...] = total.astype(recvbuf.dtype)
         if kind == "honest" or call <= 2:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import build, cupti_guard, interposer, observer, sandbox
+from .. import build, cupti_guard, interposer, jobfiles, observer, sandbox
 from ..build import ALWAYS_FORBIDDEN_C, native_forbid, task_forbid
 from ..launch import Job, find_mpiexec, mpi_env
 from ..rank import protocol
@@ -112,14 +112,15 @@ def job_seed(seed: int, job_dir: Path) -> int:
 
 def sanitizer_findings(out: Path, world: int, tool: str) -> tuple[str, str] | None:
     """(message, detail) of the first rank whose memory checker reported an error: the
-    report's first lines and the rank's count; None where every rank's summary says 0."""
+    report's first lines and the rank's count; None where every rank's summary says 0. The
+    logs lie in the job's folder: read as any file a job wrote (jobfiles: no link, no FIFO,
+    bounded, so a flood of reports costs nothing)."""
     for rank in range(world):
-        path = out / protocol.SANITIZER_LOG.format(rank=rank)
-        try:
-            with open(path, "rb") as f:  # bounded: a flood of reports costs nothing
-                text = f.read(1 << 20).decode("utf-8", "replace")
-        except OSError:
+        data = jobfiles.read(out.parent, f"{out.name}/{protocol.SANITIZER_LOG.format(rank=rank)}",
+                             1 << 20)
+        if data is None:
             continue
+        text = data.decode("utf-8", "replace")
         m = re.search(r"ERROR SUMMARY: (\d+) errors?", text)
         if not m or int(m.group(1)) == 0:
             continue

@@ -5,9 +5,9 @@ the mutants or the seed."""
 from __future__ import annotations
 
 import re
-from pathlib import Path
 from typing import Any
 
+from ..build import INCLUDE_DIR
 from ..regions import parse
 from ..tasks import Task
 
@@ -100,21 +100,18 @@ Answer again, in the same form: correct first, then fast.
 """
 
 
-INCLUDE = Path(__file__).resolve().parent.parent / "include"
-
-
 def headers(template: str) -> str:
     """The harness's own headers the template includes (the C ABI of the call, the set-up
     helpers' signatures): part of the contract, so shown whole."""
     shown = []
     for name in re.findall(r'^\s*#\s*include\s*"([^"/]+)"', template, re.M):
-        path = INCLUDE / name
+        path = INCLUDE_DIR / name
         if path.is_file() and name not in shown:
             shown.append(name)
     return "".join(f"""## The harness's header `{name}` (included by the template)
 
 ```cpp
-{(INCLUDE / name).read_text(encoding="utf-8").rstrip()}
+{(INCLUDE_DIR / name).read_text(encoding="utf-8").rstrip()}
 ```
 
 """ for name in shown)
