@@ -71,6 +71,10 @@ CONTROL_BYTES = 1 << 16
 STRESS_BYTES = 256 << 20
 STRESS_HOLD_P = 0.5
 STRESS_HOLD_S = (100e-6, 2e-3)
+# the first call of a case: its held rank's stream waits this long (drawn in the range), set
+# before the call begins, so it must outlast the set-up work a call on new buffers does on
+# the host first (exchanging and opening IPC handles takes milliseconds)
+FIRST_HOLD_S = (10e-3, 40e-3)
 
 
 class JobEnded(Exception):
@@ -369,7 +373,8 @@ class Observer:
         self.path.unlink(missing_ok=True)
 
     # -- calls ---------------------------------------------------------------------------
-    def _lay_out(self, trials: list[Trial], holds: list | None = None) -> bool:
+    def _lay_out(self, trials: list[Trial], holds: list | None = None,
+                 scrub: bool = False) -> bool:
         """Describe this call's buffers (one set per call of a batch) to every rank and
         poison its outputs (a new layout and, if needed, a bigger segment where the shapes
         changed). The inputs are written later, each rank's just before its own gate
@@ -409,9 +414,11 @@ class Observer:
             if batch > 1:
                 info.update(batch=batch, extras=[t.extra[number] for t in trials],
                             feed=feeds[number])
-                if holds:  # this rank's holds, per call: [seconds, where] or None
-                    info["holds"] = [[h[1], h[2]] if h and h[0] == number else None
-                                     for h in holds]
+            if holds:  # this rank's holds, per call: [seconds, where] or None
+                info["holds"] = [[h[1], h[2]] if h and h[0] == number else None
+                                 for h in holds]
+            if scrub:
+                info["scrub"] = True
             if remap:
                 info["remap"] = rank.data_bytes
             rank.ctl.write_info(info)
@@ -450,7 +457,8 @@ class Observer:
         return seen
 
     def call(self, case: Case, trial: Trial | list[Trial], check: bool,
-             own_completion: bool = False, holds: list | None = None) -> Timing:
+             own_completion: bool = False, holds: list | None = None,
+             scrub: bool = False) -> Timing:
         """One call on every rank, or a batch of calls back to back (a list of trials, one
         buffer set each, no delays); returns the time of one call (last done - last gate,
         over the batch's size) and the untimed phases around it (staged backends: a rank's
@@ -464,22 +472,29 @@ class Observer:
         copies are what is checked: a rank whose outputs a peer completes later (after the
         held rank's release) is wrong, whatever they hold once every rank is done.
 
-        `holds` (a batch): per call None or (rank, seconds, "host" | "device"): that rank is
-        held back before making that call, on the host (it waits before the call) or on its
-        device (its stream waits), while the others go on."""
+        `holds`: per call None or (rank, seconds, "host" | "device"): that rank is held back
+        before making that call, on the host (it waits before the call; a batch only) or on
+        its device (its stream waits), while the others go on.
+
+        `scrub` (one call): each rank poisons its inputs the moment its own call is complete,
+        before it says it is done: they are its caller's again, so a peer that still reads
+        them then (an end barrier missing or passed too early) reads poison."""
         op = self.op
         trials = trial if isinstance(trial, list) else [trial]
         trial, batch = trials[0], len(trials)
         if batch > 1 and any(d for t in trials for d in t.delays):
             raise ValueError("a batch of calls has no late ranks")
-        own = own_completion and batch == 1 and any(trial.delays)
+        # a rank held back on its device counts as late too: every output is taken at its
+        # rank's own completion
+        held_on_device = batch == 1 and bool(holds) and any(holds)
+        own = own_completion and batch == 1 and (any(trial.delays) or held_on_device)
         wants: list = [None] * batch
         slacks: list = [None] * batch
         if check and op.samples_outputs:
             wants = [op.expected(t, case.count, case.dtype, case.world, case.params)
                      for t in trials]
             slacks = [None if op.exact else op.slack(t, case) for t in trials]
-        changed = self._lay_out(trials, holds)
+        changed = self._lay_out(trials, holds, scrub and batch == 1)
         self.k += 1
         k, ranks = self.k, self.ranks
         for r in ranks:
@@ -610,10 +625,14 @@ class Observer:
                 errors += [f"call {j + 1} of {batch} back to back: {m}" if batch > 1 else m
                            for m in found]
             if errors and own and any(trial.outputs):
-                held = ", ".join(str(i) for i in range(self.world) if trial.delays[i] > 0)
-                errors = [f"{m} (rank {held} held back {1e3 * max(trial.delays):g} ms; every "
-                          "rank's outputs as they were when its own call completed)"
-                          for m in errors]
+                if any(trial.delays):
+                    held = ", ".join(str(i) for i in range(self.world) if trial.delays[i] > 0)
+                    why = f"rank {held} held back {1e3 * max(trial.delays):g} ms"
+                else:
+                    h = holds[0]
+                    why = f"rank {h[0]}'s stream held back {1e3 * h[1]:.1f} ms on its device"
+                errors = [f"{m} ({why}; every rank's outputs as they were when its own call "
+                          "completed)" for m in errors]
             if errors:
                 raise WrongAnswer(errors)
         return Timing((max(done) - max(gate)) / batch, before / batch, after / batch)
@@ -658,7 +677,8 @@ class Observer:
             checking = self.trials or not self.timed
             for t, trial in enumerate(case.trials if checking else []):
                 where = f"trial {t}"
-                self.call(case, trial, check=True, own_completion=True)
+                self.call(case, trial, check=True, own_completion=True,
+                          holds=self._first_hold(case, t, trial), scrub=True)
             if checking and self.s.stress > 1:
                 where = "calls back to back"
                 self.stress(case)
@@ -699,6 +719,23 @@ class Observer:
         except WrongAnswer as exc:
             raise WrongAnswer([f"[{label}, {where}] {m}" for m in exc.errors]) from None
         return times
+
+    def _first_hold(self, case: Case, t: int, trial: Trial) -> list | None:
+        """The first call of a case (where every rank's buffers are new, so all are prepared
+        together): one rank, drawn at random, held back on its device (its stream waits)
+        after its call has begun, where the ranks can be (a staged backend, the stress phase
+        on). With each rank's inputs poisoned the moment its own call is complete (`scrub`),
+        a peer that passes its closing barrier before the held rank has read its inputs is
+        caught, whatever its flags held from the calls before (an epoch restarted with the
+        size, a barrier that trusts a stale flag), and so is one whose outputs a peer
+        completes after its own call (outputs are taken at each rank's own completion, as
+        in a late trial). Only where the task has late trials (a peer-completed output is
+        no fault where its contract says a peer writes it)."""
+        if (t != 0 or not self.staged or self.s.stress <= 1 or not case.late
+                or any(trial.delays)):
+            return None
+        return [(int(self.rng.integers(self.world)), float(self.rng.uniform(*FIRST_HOLD_S)),
+                 "device")]
 
     def stress(self, case: Case) -> bool:
         """The stress phase: `Settings.stress` calls made back to back on every rank, with no

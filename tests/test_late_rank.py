@@ -198,6 +198,17 @@ class Posts:
             self.posted[(call, rank)] = (sendbuf, recvbuf)
             self.cond.notify_all()
 
+    def finish(self, call: int, rank: int, world: int) -> None:
+        """A closing barrier: this rank has read what it needed of call `call`; returns once
+        every rank has (its inputs are poisoned the moment its call is complete)."""
+        with self.cond:
+            self.posted[(call, -1 - rank)] = None
+            self.cond.notify_all()
+            if not self.cond.wait_for(
+                    lambda: all((call, -1 - r) in self.posted for r in range(world)),
+                    timeout=20):
+                raise RuntimeError(f"call {call}: the peers never finished")
+
     def get(self, call: int, rank: int):
         with self.cond:
             if not self.cond.wait_for(lambda: (call, rank) in self.posted, timeout=20):
@@ -207,7 +218,7 @@ class Posts:
 
 def _allreduce(kind: str, rank: int, world: int, posts: Posts):
     """A rank's all-reduce (sum). honest: waits for every rank's call to begin, sums their
-    sendbufs into its own recvbuf. rank0_does_all: every rank posts its buffers and returns
+    sendbufs into its own recvbuf, waits until every rank has read. rank0_does_all: every rank posts its buffers and returns
     at once; rank 0 (a long kernel, 100 ms) writes every rank's recvbuf."""
     calls = [0]
 
@@ -220,6 +231,7 @@ def _allreduce(kind: str, rank: int, world: int, posts: Posts):
         total = np.sum([s for s, _ in bufs], axis=0, dtype=sendbuf.dtype)
         if kind == "honest":
             recvbuf[...] = total
+            posts.finish(calls[0], rank, world)
             return
         time.sleep(0.1)
         for _, out in bufs:
@@ -245,12 +257,13 @@ class ThreadJob:
 
 
 def _judge(tmp_path: Path, kind: str, staged: bool, world: int = 2,
-           own: bool | None = True) -> list[str]:
+           own: bool | None = True, scrub: bool = True) -> list[str]:
     """The trials of one all-reduce case (the first of an item: one late trial per rank)
     through the observer, the ranks being threads that run the real rank loop. `own`: True,
     through `run_case` (each rank's outputs at its own completion); False, every trial
-    through `call` with outputs taken once every rank is done. Returns the wrong answer's
-    messages (none: a pass)."""
+    through `call` with outputs taken once every rank is done. `scrub`: False, the inputs
+    stay in place when a rank's call completes (the check apart from the one that poisons
+    them). Returns the wrong answer's messages (none: a pass)."""
     rng = np.random.default_rng(11)
     op = checks.get("allreduce")
     case = op.make_case(rng, "c0", 1000, "float32", world, {}, 2, 0)
@@ -258,10 +271,13 @@ def _judge(tmp_path: Path, kind: str, staged: bool, world: int = 2,
     assert [_late(t) for t in case.trials] == [[]] + [[r] for r in range(world)]
     settings = Settings(reps=0, max_reps=0, timing_budget=0.0, warmup=0, wall_s=0.0,
                         rtol=0.0, atol=0.0)
-    job_dir = tmp_path / f"job-{kind}-{staged}-{own}-{world}"
+    job_dir = tmp_path / f"job-{kind}-{staged}-{own}-{world}-{scrub}"
     job_dir.mkdir()
     obs = Observer(job_dir, world, op, settings, np.random.default_rng(12), staged=staged,
                    timed=False)
+    if not scrub:
+        real_call = obs.call
+        obs.call = lambda *a, **kw: real_call(*a, **{**kw, "scrub": False})
     posts = Posts()
     with ranks_in_threads(obs, job_dir, case, staged,
                           lambda rank: _allreduce(kind, rank, world, posts)):
@@ -331,15 +347,20 @@ def test_an_honest_solution_passes_the_late_trials(tmp_path, staged):
 
 @pytest.mark.parametrize("staged", [True, False], ids=["staged", "host"])
 def test_a_rank_whose_outputs_a_peer_completes_later_is_wrong(tmp_path, staged):
+    # the other ranks' inputs are poisoned as their calls complete (at once): rank 0 reads
+    # poison (when it reads after the poisoning: a race a thread may win), or fails as below
     errors = _judge(tmp_path, "rank0_does_all", staged)
-    # caught in the trial that holds rank 0 back: rank 1's outputs, taken when its own call
-    # completed, were never written (poison); the message says which trial and why
+    assert errors and "got nan" in errors[0], errors
+    # with the inputs left in place: caught in the trial that holds rank 0 back, rank 1's
+    # outputs, taken when its own call completed, were never written (poison); the message
+    # says which trial and why
+    errors = _judge(tmp_path, "rank0_does_all", staged, scrub=False)
     assert errors, "rank 1 returned before its outputs were written and passed"
     assert all(m.startswith("[count=1000 float32, trial 1] rank 1: output 'recvbuf'")
                for m in errors), errors
     assert "poison" in errors[0] and "rank 0 held back 2 ms" in errors[0], errors
     # at 4 ranks every rank but rank 0 is wrong there
-    errors = _judge(tmp_path, "rank0_does_all", staged, world=4)
+    errors = _judge(tmp_path, "rank0_does_all", staged, world=4, scrub=False)
     assert {m.split("] ")[1].split(":")[0] for m in errors} == {"rank 1", "rank 2", "rank 3"}
 
 

@@ -8,6 +8,10 @@ gated call at a time whether or not it keeps its closing barrier; made back to b
 one that drops it after its first calls lets a fast rank overwrite its slot while a slower
 peer still reads it, and is a wrong answer naming the calls. The honest one passes; the
 holds the observer draws reach the ranks they name.
+
+Each rank's inputs are poisoned the moment its own call is complete (the case's trials): an
+all-reduce that reads its peers' inputs where they lie (zero copy) and leaves without its
+closing barrier passes with the inputs left in place, and reads poison with them scrubbed.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import pytest
 from test_late_rank import ranks_in_threads
 
 from pytest_commbench import checks
+from pytest_commbench.checks.base import make_late
 from pytest_commbench.observer import Observer, Settings, WrongAnswer
 
 
@@ -70,6 +75,7 @@ def _judge(tmp_path: Path, kind: str, staged: bool, world: int = 2, stress: int 
     rng = np.random.default_rng(5)
     op = checks.get("allreduce")
     case = op.make_case(rng, "c0", 257, "float32", world, {}, 2, 0)
+    make_late(case, rng)  # as the runner makes a task's cases (late_rank = true)
     settings = Settings(reps=0, max_reps=0, timing_budget=0.0, warmup=0, wall_s=0.0,
                         rtol=1e-6, atol=1e-6, stress=stress)
     job_dir = tmp_path / f"job-{kind}-{staged}-{world}-{stress}"
@@ -121,7 +127,61 @@ def test_the_holds_drawn_reach_the_ranks_they_name(tmp_path):
     seen: list = []
     assert _judge(tmp_path, "honest", True, world=4, stress=8, holds_seen=seen) == []
     drawn, held = seen
-    assert len(drawn) == 1 and len(drawn[0]) == 8 and drawn[0][0] is None
-    device = sorted((h[0], h[1]) for h in drawn[0] if h and h[2] == "device")
+    # the case's first call (one rank held on its device), then the batch of 8
+    assert len(drawn) == 2 and len(drawn[0]) == 1 and drawn[0][0][2] == "device"
+    assert len(drawn[1]) == 8 and drawn[1][0] is None
+    device = sorted((h[0], h[1]) for batch in drawn for h in batch if h and h[2] == "device")
     assert sorted(held) == device
-    assert any(h for h in drawn[0]), "no call was held back"
+    assert any(h for h in drawn[1]), "no call was held back"
+
+
+def _zero_copy(kind: str, rank: int, world: int, scratch: Scratch):
+    """Reads every peer's sendbuf where it lies after an opening barrier; honest: waits at a
+    closing barrier until every rank has read; no_closing_barrier: leaves at once. Rank r
+    reads 2 + 20 r ms after the opening barrier (a slower kernel on a busier GPU)."""
+    calls = [0]
+
+    def solution(ctx, sendbuf, recvbuf):
+        calls[0] += 1
+        call = calls[0]
+        scratch.slots[rank] = sendbuf  # where a peer reads it (a mapped buffer)
+        scratch.arrive(scratch.posted, call, world)
+        time.sleep(0.002 + 0.02 * rank)
+        recvbuf[...] = np.sum([np.array(s, np.float64) for s in scratch.slots],
+                              axis=0).astype(recvbuf.dtype)
+        if kind == "honest":
+            scratch.arrive(scratch.read, call, world)
+
+    return solution
+
+
+def _judge_scrub(tmp_path: Path, kind: str, staged: bool, scrub: bool) -> list[str]:
+    rng = np.random.default_rng(5)
+    op = checks.get("allreduce")
+    case = op.make_case(rng, "c0", 257, "float32", 2, {}, 2, 0)
+    settings = Settings(reps=0, max_reps=0, timing_budget=0.0, warmup=0, wall_s=0.0,
+                        rtol=1e-6, atol=1e-6, stress=0)
+    job_dir = tmp_path / f"job-{kind}-{staged}-{scrub}"
+    job_dir.mkdir()
+    obs = Observer(job_dir, 2, op, settings, np.random.default_rng(6), staged=staged,
+                   timed=False)
+    if not scrub:
+        real_call = obs.call
+        obs.call = lambda *a, **kw: real_call(*a, **{**kw, "scrub": False})
+    scratch = Scratch(2, 257)
+    with ranks_in_threads(obs, job_dir, case, staged,
+                          lambda rank: _zero_copy(kind, rank, 2, scratch)):
+        try:
+            obs.run_case(case)
+        except WrongAnswer as exc:
+            return exc.errors
+    return []
+
+
+@pytest.mark.parametrize("staged", [True, False], ids=["staged", "host"])
+def test_inputs_poisoned_at_completion_catch_a_missing_closing_barrier(tmp_path, staged):
+    assert _judge_scrub(tmp_path, "honest", staged, scrub=True) == []
+    # without the scrub the inputs stay in place until the next call: the bug is invisible
+    assert _judge_scrub(tmp_path, "no_closing_barrier", staged, scrub=False) == []
+    errors = _judge_scrub(tmp_path, "no_closing_barrier", staged, scrub=True)
+    assert errors and "trial 0" in errors[0] and "rank 1" in errors[0], errors

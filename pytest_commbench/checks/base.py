@@ -41,6 +41,9 @@ class Case:
     trials: list[Trial]
     # the oracle that made the case: `make_late` draws the case's extra late trials from it
     op: Any = field(default=None, repr=False, compare=False)
+    # late trials were added (`make_late`): the task's ranks own their buffers only during
+    # their own call, and each rank's outputs may be taken at its own completion
+    late: bool = False
 
 
 LATE_S = 2e-3  # how late the held rank of a late trial is (`make_late`)
@@ -232,6 +235,7 @@ def make_late(case: Case, rng: np.random.Generator, index: int | None = None) ->
     whose outputs a peer completes later, after the held rank's release, is wrong there."""
     if case.world < 2 or len(case.trials) < 2 or any(any(t.delays) for t in case.trials):
         return
+    case.late = True
     held = held_ranks(case_index(case) if index is None else index, case.world)
     if len(held) > 1 and case.op is None:  # nothing to draw fresh inputs from: the last only
         held = held[:1]

@@ -149,6 +149,8 @@ def calls(task: Task) -> str:
 - **One call at a time.** The first calls of every size are made one at a time, every rank's
   call beginning together.""")
     device = " on the host or on its device" if task.language != "python" or _on_gpu(task) else ""
+    first = ("\n  In the first call of every size one rank, chosen at random, may have its stream"
+             "\n  held back on its device after its call has begun." if _on_gpu(task) else "")
     return f"""
 ## How every call is made and checked
 
@@ -156,6 +158,9 @@ def calls(task: Task) -> str:
   earlier ones); every output is poisoned (NaN, or the integer minimum) before the call and
   compared after it with an independent oracle: bit for bit where data is only moved, within
   the rounding of the reduction where values are summed.{held}
+- **Inputs are taken back at completion.** The moment a rank's call is complete (its call
+  returned and its device idle), its inputs are its caller's again and are overwritten at
+  once: no peer may read them after that.{first}
 - **Calls back to back.** Then, at every size that fits, several calls are made in a row on
   every rank with no synchronization between them (as a training loop makes them), each on
   buffers of its own, with one rank, chosen at random, held back{device} before some of

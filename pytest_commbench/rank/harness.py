@@ -444,6 +444,7 @@ class Calls:
                     argsets.append((extras[j], self.args, state))
             else:
                 self.bind(case, ctx, bufs, fresh)  # context values may change per call
+                holds = info.get("holds") or [None]
             if b.staged:
                 for name, kind, *_ in placed:
                     if kind == "in":
@@ -486,8 +487,19 @@ class Calls:
                         for name in outs:
                             np.copyto(one[name], work[name])
             else:
+                hold = holds[0]
+                if hold and hold[1] == "device" and self.hold_device is not None:
+                    self.hold_device(hold[0])  # its stream waits: its work starts late
                 self.call(ctx)
             b.synchronize()
+            if info.get("scrub"):
+                # the call is complete: its inputs are the caller's again, poisoned now (a
+                # peer still reading them reads poison); in-place buffers are outputs too
+                outs_here = {name for name, kind, *_ in placed if kind == "out"}
+                for name, kind, *_ in placed:
+                    if kind == "in" and name not in outs_here:
+                        b.poison(bufs[name])
+                b.synchronize()
             self.ctl.set("done", k)
             self.link.ring()
             if b.staged:

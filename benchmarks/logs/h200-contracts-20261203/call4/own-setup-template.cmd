@@ -1,0 +1,1 @@
+pytest suites --platform=auto --commbench-model=template --commbench-timeout=60 -k (allgather_own_setup and np2) or (allreduce_own_setup and np2) or (alltoall_own_setup and np2) or (reduce_scatter_own_setup and np2) or (moe_dispatch_own_setup and np2) or (ring_put_own_setup and np2) or (ipc_handle_exchange and np2) 
