@@ -472,6 +472,29 @@ def _compiler_output(log: Path) -> tuple[str, str]:
     return head.decode(errors="replace").strip(), tail.decode(errors="replace").strip()
 
 
+def _run_compiler(argv: list[str], out, work: Path) -> int:
+    """A compiler as a job: a session of its own that dies with this process (the parent's
+    death signal: kill -9 of pytest or of an xdist worker ends the jail's PID namespace and
+    every compiler in it), listed among the live jobs the stop handler ends (SIGTERM,
+    SIGHUP), killed with its session on Ctrl-C or past its limit."""
+    from types import SimpleNamespace
+
+    from .launch import LIVE, die_with_parent, kill_session
+
+    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out,
+                            stderr=subprocess.STDOUT, cwd=work, start_new_session=True,
+                            preexec_fn=die_with_parent)
+    LIVE[proc.pid] = SimpleNamespace(proc=proc)
+    try:
+        return proc.wait(timeout=COMPILE_TIMEOUT_S)
+    except BaseException:  # past its limit, or this process interrupted: the build goes too
+        kill_session(proc.pid, grace=1.0)
+        proc.wait()
+        raise
+    finally:
+        LIVE.pop(proc.pid, None)
+
+
 def _compile(cmd: list[str], work: Path) -> None:
     """Run a compiler in `work` (jailed where a build is, see `jailed`), its output into a
     file there; its failure as the verdict it is (the solution's compile error, or the
@@ -481,13 +504,13 @@ def _compile(cmd: list[str], work: Path) -> None:
     log = Path(work) / COMPILER_LOG
     try:
         with open(log, "wb") as out:
-            done = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=out,
-                                  stderr=subprocess.STDOUT, timeout=COMPILE_TIMEOUT_S, cwd=work)
+            returncode = _run_compiler(argv, out, work)
     except subprocess.TimeoutExpired:
         raise Rejected(Verdict.COMPILE_ERROR,
                        f"the compiler ran past {COMPILE_TIMEOUT_S} s") from None
     except FileNotFoundError as exc:
         raise Rejected(Verdict.INFRA_ERROR, f"no compiler: {exc}") from None
+    done = subprocess.CompletedProcess(argv, returncode)
     head, tail = _compiler_output(log)
     log.unlink(missing_ok=True)
     if jail is not None and done.returncode == jail.setup_failed:

@@ -309,7 +309,7 @@ class OutputDrain:
 PR_SET_PDEATHSIG = 1
 
 
-def _die_with_parent() -> None:  # pragma: no cover - runs in the child before exec
+def die_with_parent() -> None:  # pragma: no cover - runs in the child before exec
     """The job gets SIGKILL when the controller dies (kill -9 of pytest or of a worker):
     with the sandbox this ends the job's PID namespace and everything in it."""
     try:
@@ -375,7 +375,7 @@ class Job:
         try:
             self.proc = subprocess.Popen(drained(argv), cwd=cwd, env=env, stdout=write_end,
                                          stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                         start_new_session=True, preexec_fn=_die_with_parent)
+                                         start_new_session=True, preexec_fn=die_with_parent)
         except BaseException:
             os.close(read_end)
             self._out.close()

@@ -2,7 +2,8 @@
 
 Every job (launcher and ranks) runs in fresh user, mount and PID namespaces built by
 `sandbox_init.py` (util-linux `unshare` does the unsharing). The job's root is an empty
-tmpfs into which only an allow-list is bound: the system trees (`SYSTEM_TREES`), the Python
+tmpfs into which only an allow-list is bound: the system trees (`SYSTEM_TREES`), what of
+/etc programs need (`ETC_KEEP`: no shadow file, key or registry setting), the Python
 environment (`python_roots()`), the trees a job's libraries need (`keep`, by default
 `system_keep()`), /dev, /sys, a /proc of the job's own, fresh /tmp, /var/tmp, /dev/shm and
 /run, and the job's folder. Nothing else of the host's filesystem exists inside. What `hide`
@@ -51,7 +52,28 @@ CGROUP_PREFIX = "commbench-"
 PACKAGE = Path(__file__).resolve().parent
 # what any program needs (bound read-only where they exist; a symbolic link, e.g. /bin ->
 # usr/bin on a merged-/usr system, is made again as a link)
-SYSTEM_TREES = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc")
+SYSTEM_TREES = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
+# of the host's /etc only what the dynamic loader, the name service, MPI and its transports,
+# the GPU stacks and the compilers read (each bound read-only where it exists): never
+# shadow files, keys, tokens, package-manager or registry settings (pip.conf, npmrc,
+# gitconfig), ssh, munge; a host file an answer could include or read is not in any job or
+# build. A link among them is made again as the link it is; its target is bound only where
+# it lies in another kept tree (/usr) or among these
+ETC_KEEP = (
+    # the loader
+    "ld.so.cache", "ld.so.conf", "ld.so.conf.d",
+    # the name service: users and groups by name (no passwords: those live in shadow),
+    # hosts, services
+    "nsswitch.conf", "passwd", "group", "hosts", "host.conf", "gai.conf", "hostname",
+    "services", "protocols", "networks", "rpc",
+    # time, the system's name
+    "localtime", "timezone", "os-release", "debian_version",
+    # alternatives (mpirun, compilers on Debian) and MPI, PMIx, UCX, verbs, Slurm's settings
+    "alternatives", "openmpi", "pmix", "prrte", "mpich", "ucx", "libibverbs.d", "rdma",
+    "slurm",
+    # GPU stacks and compilers
+    "nccl.conf", "nvidia", "OpenCL", "clang",
+)
 # variables that name where a toolkit or MPI lives
 PREFIX_VARS = ("CUDA_HOME", "CUDA_PATH", "OPAL_PREFIX", "MPI_HOME", "NCCL_HOME",
                "NVSHMEM_HOME", "UCX_HOME", "ROCM_PATH", "HIP_PATH")
@@ -319,6 +341,7 @@ def plan(job_dir: Path, argv: list[str], env: dict[str, str], hide: Iterable[Pat
         extra = [_abs(k) for k in keep]
     extra += [_abs(k) for k in also_keep]
     kept = [t for t in SYSTEM_TREES if os.path.lexists(t)]
+    kept += [f"/etc/{n}" for n in ETC_KEEP if os.path.lexists(f"/etc/{n}")]
     kept += [k for k in dict.fromkeys([*python_roots(), *extra]) if k not in kept]
     return {"job": _abs(job_dir), "argv": drained(argv), "env": env, "hide": hidden,
             "keep": kept, "limits": limits_for(job_dir, limits)}

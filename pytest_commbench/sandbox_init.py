@@ -7,8 +7,9 @@ allow-list, then starts the launcher with no capabilities and waits:
 
 - the job's root is a fresh, empty tmpfs; `pivot_root` makes it the root and the host's
   root is detached, so nothing of the host is reachable but what was bound into it;
-- bound read-only at their own paths: what the plan keeps (the system trees /usr, /etc,
-  /lib..., the Python environment, the MPI and CUDA trees); a symbolic link on the way to a
+- bound read-only at their own paths: what the plan keeps (the system trees /usr, /lib...,
+  the files of /etc programs read, the Python environment, the MPI and CUDA trees); a
+  symbolic link on the way to a
   kept path (/bin -> usr/bin, /usr/local/cuda -> cuda-12.8) is made again as a link;
 - what the plan hides (the package, the references, every run's files, the build cache,
   the project tree) is covered by an empty read-only tmpfs where it lies inside a kept

@@ -6,7 +6,13 @@ is)."""
 
 from __future__ import annotations
 
+import os
 import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -139,3 +145,100 @@ def test_a_flood_of_compile_errors_is_read_in_a_bounded_part(tmp_path):
     assert "s.c:1:" in caught.value.message and "error" in caught.value.message
     assert 0 < len(caught.value.detail) <= build.LOG_TAIL
     assert not (work / build.COMPILER_LOG).exists()  # the file goes with the build
+
+
+def _host_secret_lines() -> list[str]:
+    """Lines of the host's shadow file this process can read (none where it cannot)."""
+    try:
+        return [line for line in Path("/etc/shadow").read_text().splitlines() if len(line) > 8]
+    except OSError:
+        return []
+
+
+@needs_sandbox
+@needs_cc
+def test_a_jailed_compiler_sees_no_host_secret(tmp_path):
+    """The sample cheats of the class: a source that includes the host's shadow file, its
+    registry settings, an ssh key or the compiler's own environment, to have the compile
+    error quote them (into the record and the next round's prompt) or to build them into
+    the answer. In the jail none of those files exists (the environment is the build's
+    own: the toolchain's variables and PATH), and nothing of them is in any message."""
+    settings = _settings(tmp_path)
+    work = settings.cache / "k" / ".build-etc"
+    work.mkdir(parents=True)
+    secrets = _host_secret_lines()
+    for target in ("/etc/shadow", "/etc/gshadow", "/etc/pip.conf", "/root/.ssh/id_rsa",
+                   str(Path.home() / ".ssh" / "id_ed25519")):
+        (work / "s.c").write_text(f'#include "{target}"\n')
+        with jailed(compile_jail(settings)), pytest.raises(Rejected) as caught:
+            build._compile([CC, "-fPIC", "-shared", "-o", str(work / "lib.so"),
+                            str(work / "s.c")], work)
+        said = (caught.value.detail or "") + caught.value.message
+        assert caught.value.verdict == Verdict.COMPILE_ERROR, said
+        assert "No such file" in said or "not found" in said, said
+        assert not any(line in said for line in secrets), target
+    # the compiler's environment holds nothing of the controller's (an API key, say): the
+    # source compiles or not (a /proc file reads as empty to a compiler), never quoting it
+    (work / "s.c").write_text('#include "/proc/self/environ"\n')
+    os.environ["COMMBENCH_TEST_SECRET_KEY"] = "sk-commbench-test-0123456789"
+    said = ""
+    try:
+        with jailed(compile_jail(settings)):
+            build._compile([CC, "-fPIC", "-shared", "-o", str(work / "lib.so"),
+                            str(work / "s.c")], work)
+    except Rejected as exc:
+        said = (exc.detail or "") + exc.message
+    finally:
+        del os.environ["COMMBENCH_TEST_SECRET_KEY"]
+    assert "sk-commbench-test" not in said, said
+    if (work / "lib.so").exists():
+        assert b"sk-commbench-test" not in (work / "lib.so").read_bytes()
+
+
+@needs_sandbox
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM, signal.SIGINT],
+                         ids=["SIGKILL", "SIGTERM", "SIGINT"])
+def test_a_jailed_build_dies_with_its_controller(tmp_path, sig):
+    """kill -9, SIGTERM (a CI job cancelled) or Ctrl-C of the process that started a build
+    (pytest, an xdist worker) ends the build: a compiler that would run for ten minutes is
+    gone within seconds, its jail with it."""
+    marker = f"commbench-build-orphan-{os.getpid()}-{time.time_ns()}"
+    work = tmp_path / "work"
+    (work / "ro").mkdir(parents=True)
+    controller = textwrap.dedent(f"""
+        import sys
+        from pathlib import Path
+        from pytest_commbench import build, launch, sandbox
+        launch.install_stop_handlers()
+        work = Path({str(work)!r})
+        jail = build.Jail(lambda cmd, w: sandbox.wrap(w, cmd, {{"PATH": "/usr/bin:/bin"}},
+                                                       hide=[]),
+                          sandbox.SETUP_FAILED, sandbox.LIMIT_EXIT)
+        print("running", flush=True)
+        with build.jailed(jail):
+            build._compile([sys.executable, "-c", "import time; time.sleep(600)",
+                            {marker!r}], work)
+        """)
+    proc = subprocess.Popen([sys.executable, "-c", controller], stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "running"
+
+        def running() -> bool:
+            return bool(subprocess.run(["pgrep", "-f", marker], capture_output=True).stdout)
+
+        deadline = time.time() + 30
+        while time.time() < deadline and not running():
+            time.sleep(0.1)
+        assert running(), "the build never started"
+        proc.send_signal(sig)
+        proc.wait(timeout=30)
+        deadline = time.time() + 15
+        while time.time() < deadline and running():
+            time.sleep(0.1)
+        left = subprocess.run(["pgrep", "-af", marker], capture_output=True, text=True).stdout
+        assert not left.strip(), f"the build outlived its controller ({sig.name}): {left}"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        subprocess.run(["pkill", "-9", "-f", marker], capture_output=True)

@@ -297,3 +297,21 @@ def test_pid_1_exits_with_the_launchers_status_or_125(tmp_path):
     done = subprocess.run(argv, capture_output=True, text=True, timeout=60)
     assert done.returncode == sandbox.SETUP_FAILED, done.stderr
     assert "set-up failed" in done.stderr
+
+
+def test_a_job_sees_of_etc_only_what_programs_need(tmp_path):
+    """A rank that reads the host's secrets (shadow, registry settings, keys) finds none of
+    them: /etc holds only `ETC_KEEP`, and the name service still answers."""
+    job, result = _run(tmp_path, """
+        import os, socket
+        print("ETC", sorted(os.listdir("/etc")))
+        print("SEEN", [p for p in ["/etc/shadow", "/etc/gshadow", "/etc/pip.conf", "/etc/npmrc",
+                                   "/etc/gitconfig", "/etc/ssh", "/etc/ssl", "/etc/machine-id",
+                                   "/etc/munge"] if os.path.lexists(p)])
+        print("LOCALHOST", socket.gethostbyname("localhost"))
+        """, hide=[])
+    out = result.output
+    assert result.returncode == 0, out
+    assert set(_said(out, "ETC")) <= set(sandbox.ETC_KEEP), out
+    assert _said(out, "SEEN") == [], out
+    assert "LOCALHOST 127." in out, out
