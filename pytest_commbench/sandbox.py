@@ -57,15 +57,15 @@ SYSTEM_TREES = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 # the GPU stacks and the compilers read (each bound read-only where it exists): never
 # shadow files, keys, tokens, package-manager or registry settings (pip.conf, npmrc,
 # gitconfig), ssh, munge; a host file an answer could include or read is not in any job or
-# build. A link among them is made again as the link it is; its target is bound only where
-# it lies in another kept tree (/usr) or among these
+# build. A link among them is made again as the link it is, and the file it leads to is
+# bound (/etc/localtime -> /usr/share/zoneinfo/...)
 ETC_KEEP = (
     # the loader
     "ld.so.cache", "ld.so.conf", "ld.so.conf.d",
     # the name service: users and groups by name (no passwords: those live in shadow),
     # hosts, services
     "nsswitch.conf", "passwd", "group", "hosts", "host.conf", "gai.conf", "hostname",
-    "services", "protocols", "networks", "rpc",
+    "resolv.conf", "services", "protocols", "networks", "rpc",
     # time, the system's name
     "localtime", "timezone", "os-release", "debian_version",
     # alternatives (mpirun, compilers on Debian) and MPI, PMIx, UCX, verbs, Slurm's settings
