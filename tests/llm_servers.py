@@ -24,6 +24,11 @@ a `text` block of `text_delta`s, `message_delta` (stop reason, output tokens), `
 Streaming keys of a step: "chunks" (int, how many content deltas the text is cut into, 1),
 "reasoning" (str, sent as reasoning or thinking deltas before the text, in as many chunks),
 "gap_s" (float, the pause before each chunk) and "stall_s" (float, one pause half-way through).
+Misbehaving streams: "keepalive_s" (float: before the reply, SSE comment lines `: keep-alive`
+that often, as gateways send while a model thinks, for "keepalive_for_s" seconds, default
+until the client goes away), "cut" (true: the stream ends without a finish reason, as a proxy
+that drops the connection leaves it) and "unstreamed" (true: a JSON body although a stream was
+asked for).
 
 `ScriptedServer("openai", script, models={"coder": 32768})` also lists those models under GET
 /v1/models (and /v1/models/ID), each with its `max_model_len` as vLLM and SGLang do; without
@@ -103,7 +108,7 @@ class ScriptedServer:
         if status != 200:
             return status, self._error(status, f"Scripted error {status}"), headers
         model = body.get("model", "") if isinstance(body, dict) else ""
-        if isinstance(body, dict) and body.get("stream"):
+        if isinstance(body, dict) and body.get("stream") and not step.get("unstreamed"):
             usage = (self.kind == "anthropic"
                      or bool((body.get("stream_options") or {}).get("include_usage")))
             return 200, self._events(model, step, usage), headers
@@ -132,6 +137,20 @@ class ScriptedServer:
         n_in, n_out = step.get("usage", {}).get("in", 100), step.get("usage", {}).get("out", 200)
         n_think = step.get("usage", {}).get("reasoning")
         gap, stall = float(step.get("gap_s", 0)), float(step.get("stall_s", 0))
+        if step.get("keepalive_s"):
+            every = float(step["keepalive_s"])
+            until = time.monotonic() + float(step.get("keepalive_for_s", 1e9))
+            while time.monotonic() < until and not self._stopping.is_set():
+                yield b": keep-alive\n\n"
+                self._pause(every)
+        if step.get("cut"):
+            events = list(self._openai_events(model, pieces, thoughts, None, (n_in, n_out, n_think),
+                                              False, gap, stall) if self.kind == "openai" else
+                          self._anthropic_events(model, pieces, thoughts, None,
+                                                 (n_in, n_out, n_think), gap, stall))
+            # the content, then nothing: no finish reason, no [DONE] / message_stop
+            yield from events[:-2]
+            return
         if self.kind == "openai":
             yield from self._openai_events(model, pieces, thoughts, step.get("finish") or "stop",
                                            (n_in, n_out, n_think), usage, gap, stall)

@@ -138,7 +138,8 @@ def test_a_stall_between_chunks_longer_than_the_idle_limit_is_an_outage(kind):
         start = time.monotonic()
         got = providers.ask(spec(kind), "p", srv.base_url, 1.0)
         took = time.monotonic() - start
-    assert got.text is None and "Timeout" in got.error and "next chunk" in got.error
+    # the SDK's read timeout or the watchdog, whichever is first
+    assert got.text is None and "next chunk" in got.error
     assert took < 3.5  # given up at the idle limit, not at the end of the stall
     assert len(srv.requests) == 1  # a stream that started is not asked again
 
@@ -163,6 +164,57 @@ def test_a_stream_past_the_whole_request_cap_is_given_up(kind):
     with ScriptedServer(kind, script) as srv:
         got = providers.ask(spec(kind), "p", srv.base_url, 1.0, whole_s=1.2)
     assert got.text is None and "the cap on a whole request" in got.error
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_stream_of_keep_alives_alone_ends_at_the_idle_limit(kind):
+    """A gateway that sends SSE comments every 0.2 s while nothing else comes: the bytes keep
+    the SDK's read timeout from firing; the watchdog ends it at the idle limit."""
+    script = [{"text": "never", "keepalive_s": 0.2}]
+    with ScriptedServer(kind, script) as srv:
+        start = time.monotonic()
+        # (the whole-request cap, far above the idle limit, bounds the test were it to fail)
+        got = providers.ask(spec(kind), "p", srv.base_url, 1.0, whole_s=20.0)
+        took = time.monotonic() - start
+    assert got.text is None and "keep-alives do not count" in got.error, got.error
+    assert took < 10
+    assert len(srv.requests) == 1
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_keep_alives_before_a_reply_within_the_cap_are_waited_through(kind):
+    """Keep-alives for a while (shorter than the idle limit), then the reply: it is read."""
+    script = [{"text": "the answer", "keepalive_s": 0.1, "keepalive_for_s": 0.5}]
+    with ScriptedServer(kind, script) as srv:
+        got = providers.ask(spec(kind), "p", srv.base_url, 2.0)
+    assert got.error is None and got.text == "the answer"
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("fault", ["cut", "unstreamed"])
+def test_a_stream_without_a_finish_reason_is_an_outage_not_the_models_reply(kind, fault):
+    """A stream a proxy cut (the text came, the finish never did), or a server that ignored
+    `stream: true`: the provider's fault, never kept or judged as the model's answer."""
+    script = [{"text": "half of a sol", "chunks": 3, fault: True}]
+    with ScriptedServer(kind, script) as srv:
+        got = providers.ask(spec(kind), "p", srv.base_url, 5.0)
+    assert got.text is None and got.error, got
+    if fault == "cut":
+        assert "without a finish reason" in got.error, got.error
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_reply_longer_than_any_solution_is_not_held_whole(kind):
+    """5 MB of reply: reading stops one character past what a solution may have, and that
+    text goes on (the over-long reply is the model's own failure)."""
+    from pytest_commbench.regions import MAX_REPLY_CHARS
+
+    text = "x" * (5 * MAX_REPLY_CHARS)
+    script = [{"text": text, "chunks": 500}]
+    with ScriptedServer(kind, script) as srv:
+        got = providers.ask(spec(kind), "p", srv.base_url, 10.0)
+    assert got.error is None
+    assert MAX_REPLY_CHARS < len(got.text) <= MAX_REPLY_CHARS + len(text) // 500
 
 
 # -- retries, outages, the limit ------------------------------------------------------------------

@@ -3,9 +3,17 @@ generation, with the SDKs' own retries and back-off on 429 and 5xx, and every fa
 into an outage message (the item's `infra_error`), never an exception out of the session.
 
 Replies are streamed (a whole source file and the reasoning before it can take many minutes),
-so the request timeout is an idle limit: the SDK's read timeout, the longest wait for the next
-bytes of the stream (reasoning deltas count: they are activity, though not the reply), with
-one generous cap on the whole request besides. An OpenAI-compatible server that says how
+so the request timeout is an idle limit: the longest wait for the next content or reasoning
+delta (reasoning is activity, though not the reply; keep-alive comments and pings a gateway
+sends while a model thinks are not), with one generous cap on the whole request besides. Both
+are kept by a watchdog thread that closes the stream, not by the arrival of chunks: a stream
+of keep-alives alone, or one that stalls, ends at its limit. The reply's text is held up to
+one character past what a solution may have (`regions.MAX_REPLY_CHARS`; the longer reply is
+the model's own failure, as before). A stream that ends without a finish reason (cut by the
+provider or a proxy), or a plain body where a stream was asked for, is the provider's fault:
+an outage, never the model's reply. With the SDK's retries (`retries`, on 429, 5xx and
+timeouts) one generation waits at most about (retries + 1) x the idle limit on an endpoint
+that accepts and never answers. An OpenAI-compatible server that says how
 long its context is (vLLM and SGLang list `max_model_len` under GET /v1/models) is asked for
 no more output tokens than fit after the prompt."""
 
@@ -17,6 +25,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..regions import MAX_REPLY_CHARS
 from .registry import ModelSpec
 
 SYSTEM = ("You are an expert in GPU communication (MPI, NCCL, NVSHMEM, CUDA). You complete "
@@ -53,6 +62,59 @@ class _Unasked(Exception):
     """The request was not sent, or was given up: its message is the outage's."""
 
 
+class _Watchdog:
+    """The limits of one streamed request, kept by a thread: the idle limit (since the last
+    content or reasoning delta, `active()`) and the whole request's cap. At either, the stream
+    is closed (`close`, set once the stream is open), which ends its iteration in the asking
+    thread; `reason` says why."""
+
+    POLL_S = 0.05
+
+    def __init__(self, idle_s: float, cap_s: float) -> None:
+        import threading
+
+        self.idle_s, self.cap_s = idle_s, cap_s
+        self.started = self.last = time.monotonic()
+        self.close = None
+        self.reason: str | None = None
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="commbench-stream-watchdog",
+                                        daemon=True)
+
+    def __enter__(self) -> _Watchdog:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._done.set()
+        self._thread.join(5)
+
+    def active(self) -> None:
+        self.last = time.monotonic()
+
+    def check(self) -> None:
+        if self.reason:
+            raise _Unasked(self.reason)
+
+    def _watch(self) -> None:
+        while not self._done.wait(self.POLL_S):
+            now = time.monotonic()
+            if self.reason is None and now - self.started > self.cap_s:
+                self.reason = (f"the reply was still streaming after {self.cap_s:g} s, the "
+                               "cap on a whole request; given up")
+            elif self.reason is None and self.close is not None and now - self.last > self.idle_s:
+                self.reason = (f"no content or reasoning came for {self.idle_s:g} s "
+                               "(--commbench-request-timeout is the longest wait for the next "
+                               "chunk of a reply; keep-alives do not count)")
+            close = self.close
+            if self.reason and close is not None:  # (not open yet: closed once it is)
+                try:
+                    close()
+                except Exception:  # noqa: BLE001 - the asking thread reports the reason
+                    pass
+                return
+
+
 def ask(spec: ModelSpec, prompt: str, base_url: str | None, timeout_s: float,
         retries: int = 3, temperature: float | None = None, max_tokens: int | None = None,
         whole_s: float = WHOLE_REQUEST_S) -> Generation:
@@ -69,18 +131,17 @@ def ask(spec: ModelSpec, prompt: str, base_url: str | None, timeout_s: float,
     url = base_url or spec.base_url
     started = time.monotonic()
     cap = max(whole_s, timeout_s)
-
-    def check() -> None:
-        """Between chunks: the whole request's cap (a stall is the SDK's read timeout)."""
-        if time.monotonic() - started > cap:
-            raise _Unasked(f"the reply was still streaming after {cap:g} s, the cap on a "
-                           "whole request; given up")
-
     try:
-        if spec.provider == "anthropic":
-            got = _anthropic(spec, prompt, key, url, timeout_s, retries, request, check)
-        else:
-            got = _openai(spec, prompt, key, url, timeout_s, retries, request, check)
+        with _Watchdog(timeout_s, cap) as dog:
+            try:
+                if spec.provider == "anthropic":
+                    got = _anthropic(spec, prompt, key, url, timeout_s, retries, request, dog)
+                else:
+                    got = _openai(spec, prompt, key, url, timeout_s, retries, request, dog)
+            except Exception:
+                dog.check()  # the watchdog closed the stream: its reason, not the SDK's error
+                raise
+            dog.check()
     except ImportError as exc:
         extra = "anthropic" if spec.provider == "anthropic" else "openai"
         got = Generation(None, error=f"the {extra} SDK is not installed "
@@ -154,7 +215,7 @@ def _fit(client, endpoint: str, model: str, prompt: str, limit: int, timeout_s: 
     return min(limit, room)
 
 
-def _openai(spec, prompt, key, url, timeout_s, retries, request, check) -> Generation:
+def _openai(spec, prompt, key, url, timeout_s, retries, request, dog) -> Generation:
     import openai
 
     client = openai.OpenAI(api_key=key, base_url=url, timeout=timeout_s, max_retries=retries)
@@ -173,17 +234,29 @@ def _openai(spec, prompt, key, url, timeout_s, retries, request, check) -> Gener
         if spec.extra_body:
             args["extra_body"] = dict(spec.extra_body)
         parts: list[str] = []
+        held = 0  # characters of the reply held
         usage = finish = served = None
         with client.chat.completions.create(**args) as stream:
+            dog.close = stream.close
             for chunk in stream:  # reasoning deltas (reasoning_content) are not kept
-                check()
+                dog.check()
                 served = chunk.model or served
                 usage = chunk.usage or usage
                 for choice in chunk.choices or ():
-                    if choice.delta is not None and choice.delta.content:
-                        parts.append(choice.delta.content)
+                    delta = choice.delta
+                    if delta is not None and (delta.content or _field(delta, "reasoning_content")
+                                              or _field(delta, "reasoning")):
+                        dog.active()
+                    if delta is not None and delta.content and held <= MAX_REPLY_CHARS:
+                        parts.append(delta.content)
+                        held += len(delta.content)
                     finish = choice.finish_reason or finish
                     usage = usage or _field(choice, "usage")  # Moonshot puts it there
+                if held > MAX_REPLY_CHARS:
+                    break  # longer than any solution may be: the rest is not read
+    if finish is None and held <= MAX_REPLY_CHARS:
+        raise _Unasked("the stream ended without a finish reason (cut by the provider or a "
+                       "proxy, or not a stream): not the model's reply")
     n_in, n_out = _field(usage, "prompt_tokens"), _field(usage, "completion_tokens")
     details = _field(usage, "completion_tokens_details")
     request.update(served_model=served, tokens_in=n_in, tokens_out=n_out,
@@ -192,7 +265,7 @@ def _openai(spec, prompt, key, url, timeout_s, retries, request, check) -> Gener
                       truncated=finish == "length")
 
 
-def _anthropic(spec, prompt, key, url, timeout_s, retries, request, check) -> Generation:
+def _anthropic(spec, prompt, key, url, timeout_s, retries, request, dog) -> Generation:
     import anthropic
 
     client = anthropic.Anthropic(api_key=key, base_url=url, timeout=timeout_s,
@@ -208,11 +281,32 @@ def _anthropic(spec, prompt, key, url, timeout_s, retries, request, check) -> Ge
         args["extra_body"] = dict(spec.extra_body)
     with client:
         request["endpoint"] = str(client.base_url)
+        parts: list[str] = []
+        held = 0
+        stopped = False
         with client.messages.stream(**args) as stream:
-            for _event in stream:  # thinking deltas are activity; only text blocks are kept
-                check()
+            dog.close = stream.close
+            for event in stream:  # thinking deltas are activity; only text deltas are kept
+                dog.check()
+                kind = getattr(event, "type", "")
+                if kind in ("content_block_delta", "message_delta", "message_start"):
+                    dog.active()
+                if kind == "message_stop":
+                    stopped = True
+                if kind == "content_block_delta" and \
+                        getattr(event.delta, "type", "") == "text_delta":
+                    parts.append(event.delta.text)
+                    held += len(event.delta.text)
+                    if held > MAX_REPLY_CHARS:
+                        break  # longer than any solution may be: the rest is not read
+            if held > MAX_REPLY_CHARS:
+                request.update(served_model=spec.model, finish_reason="cut: too long")
+                return Generation("".join(parts), 0, 0)
+            if not stopped:
+                raise _Unasked("the stream ended without a finish reason (cut by the provider "
+                               "or a proxy, or not a stream): not the model's reply")
             done = stream.get_final_message()
-    text = "".join(block.text for block in done.content if getattr(block, "type", "") == "text")
+    text = "".join(parts)
     usage = done.usage
     request.update(served_model=done.model, tokens_in=_field(usage, "input_tokens"),
                    tokens_out=_field(usage, "output_tokens"),
