@@ -63,6 +63,10 @@ def cmd_report(args: argparse.Namespace) -> int:
                     r["run_label"] = labels[index]
     if args.compare:
         return _compare(args)
+    if not records:
+        print(f"commbench report: no item's record in {' '.join(args.paths)} (an empty log, "
+              "or every line skipped as said above): nothing to report", file=sys.stderr)
+        return 1
     changed = leaderboard.changed_tasks(records)
     if changed and not args.split_changed:
         print("commbench report: these runs judged different versions of the same tasks (the "

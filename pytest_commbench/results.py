@@ -9,7 +9,10 @@ the whole line to the log opened for appending, under a lock that every writer o
 takes (xdist workers too); a write that comes back short or fails for want of room is cut
 back to where the line began (`ftruncate`), and the line is kept and written before the
 next one, or when the process ends (pytest's own report has the item meanwhile). A reader
-skips a line cut short by a crash, and recovers a whole line written after one.
+skips a line cut short by a crash, and recovers a whole line written after one; a line that
+parses but is no record a report or a resume can use (`problem`: a missing node id, a
+speedup that is not a finite positive number, a negative cost...) is skipped too, saying
+which file and line, and the rest is read.
 
 One session per run folder (`RunLock`): the session's controller holds `session.lock`
 (naming its pid) for the session, and its pytest-xdist workers hold `workers.lock` shared
@@ -21,6 +24,7 @@ import atexit
 import errno
 import fcntl
 import json
+import math
 import os
 import socket
 import sys
@@ -170,15 +174,70 @@ def _parse(raw: bytes) -> dict | None:
 
 def _recover(raw: bytes) -> dict | None:
     """A whole line glued after one cut short (a log written before lines were cut back):
-    the last part of `raw` that is a record by itself."""
+    the last part of `raw` that is a record by itself. A record's own inner objects follow
+    ": ", ", " or "[" (json.dumps' separators): only a "{" after anything else is tried, so
+    a torn line of a megabyte is read in one pass, not once per inner object."""
     at = raw.find(b'{"', 1)
     while at > 0:
-        entry = _parse(raw[at:])
-        if entry is not None and entry.get("event") in ("started", "result") and \
-                isinstance(entry.get("nodeid"), str):
-            return entry
+        if raw[at - 1:at] not in (b" ", b"["):
+            entry = _parse(raw[at:])
+            if entry is not None and entry.get("event") in ("started", "result") and \
+                    isinstance(entry.get("nodeid"), str):
+                return entry
         at = raw.find(b'{"', at + 1)
     return None
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and \
+        math.isfinite(value)
+
+
+# a record's fields that reports, boards and resumes compute with: key -> (what it must be,
+# the test); absent keys are fine (older logs, items that ended early)
+_FIELDS: dict[str, tuple[str, Callable[[Any], bool]]] = {
+    "task": ("a string", lambda v: isinstance(v, str) and v != ""),
+    "model": ("a string", lambda v: isinstance(v, str)),
+    "verdict": ("a string", lambda v: isinstance(v, str) and v != ""),
+    "world": ("a whole number of ranks (1 or more)",
+              lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1),
+    "speedup": ("a finite positive number or null", lambda v: v is None or _number(v) and v > 0),
+    "speedup_se": ("a finite number or null", lambda v: v is None or _number(v) and v >= 0),
+    "speedup_ci90": ("null or two finite numbers", lambda v: v is None or (
+        isinstance(v, list) and len(v) == 2 and all(_number(x) for x in v))),
+    "cost": ("a finite number of dollars (0 or more) or null",
+             lambda v: v is None or _number(v) and v >= 0),
+    "budget_usd": ("a finite number of dollars (0 or more) or null",
+                   lambda v: v is None or _number(v) and v >= 0),
+    "tokens_in": ("a whole number (0 or more)",
+                  lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0),
+    "tokens_out": ("a whole number (0 or more)",
+                   lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0),
+    "duration_s": ("a finite number of seconds (0 or more)", lambda v: _number(v) and v >= 0),
+    "sizes": ("a list of objects", lambda v: isinstance(v, list) and all(
+        isinstance(x, dict) for x in v)),
+    "message": ("a string", lambda v: isinstance(v, str)),
+    "fingerprint": ("an object", lambda v: isinstance(v, dict)),
+}
+
+
+def problem(entry: dict[str, Any]) -> str | None:
+    """Why a parsed line is no record a report or a resume can use (None: it is one)."""
+    event = entry.get("event")
+    if event not in ("started", "result"):
+        return f"'event' is {event!r}, not 'started' or 'result'"
+    if not isinstance(entry.get("nodeid"), str) or not entry["nodeid"]:
+        return "no 'nodeid' (the item it is about)"
+    if event == "result" and "verdict" not in entry:
+        return "a result without a 'verdict'"
+    for key, (what, ok) in _FIELDS.items():
+        if key in entry and not ok(entry[key]):
+            return f"{key!r} is {str(entry[key])[:60]!r}, not {what}"
+    return None
+
+
+def _say_skipped(path: Path, number: int, reason: str) -> None:
+    print(f"commbench: {path}:{number}: line skipped: {reason}", file=sys.stderr)
 
 
 # -- one session per run folder ----------------------------------------------------------------
@@ -269,20 +328,29 @@ def _holder(fd: int) -> str:
     return f"the pytest session of pid {info['pid']}{host}{since}"
 
 
-def entries(path: Path, upto: int | None = None):
-    """The parsed lines of a log (the first `upto` bytes of it), skipping any cut short."""
+def entries(path: Path, upto: int | None = None,
+            skipped: Callable[[Path, int, str], None] | None = _say_skipped):
+    """The records of a log (the first `upto` bytes of it): a line cut short by a crash is
+    skipped (never an item's record, and a whole one glued after it is found again); a line
+    that parses but is no usable record is skipped and reported to `skipped` (file, line
+    number, why; by default a line on stderr)."""
     with open(path, "rb") as f:
         data = f.read() if upto is None else f.read(upto)
     for number, raw in enumerate(data.split(b"\n"), 1):
         raw = raw.strip()
         if not raw:
             continue
-        # a line cut short by a crash is skipped (never an item's record), and a whole one
-        # glued after it is found again
-        entry = _parse(raw) or _recover(raw)
-        if entry is not None:
-            entry.setdefault("nodeid", f"line{number}")
-            yield entry
+        entry = _parse(raw)
+        if entry is None:
+            entry = _recover(raw)
+            if entry is None:
+                continue
+        why = problem(entry)
+        if why is not None:
+            if skipped is not None:
+                skipped(path, number, why)
+            continue
+        yield entry
 
 
 def finished(path: Path, upto: int | None = None) -> dict[str, dict[str, Any]]:

@@ -7,6 +7,7 @@ clear line instead of a traceback.
 from __future__ import annotations
 
 import functools
+import json
 import math
 import re
 import sys
@@ -47,6 +48,16 @@ ITEMSIZE = {"float64": 8, "float32": 4, "float16": 2, "bfloat16": 2, "int64": 8,
 MAX_COUNT = 1 << 31  # elements of one size
 MAX_BUFFER_BYTES = 1 << 34  # one rank's buffer of one size: 16 GiB
 MAX_CASE_BYTES = 1 << 36  # one buffer of one size over all ranks (the controller holds it): 64 GiB
+# bounds on what a manifest may ask for (a hostile or mistyped one must not take the session's
+# memory or time before any item runs): docs/writing-tasks.md lists them
+MAX_MANIFEST_BYTES = 1 << 20  # a task.toml
+MAX_SIZES = 64  # entries of `sizes`
+MAX_RANKS_LIST = 16  # entries of `ranks`
+MAX_WORLD = 4096  # ranks of one job
+MAX_TRIALS = 64  # `check.trials`
+MAX_TIMEOUT_S = 24 * 3600.0  # `timeout`
+MAX_STRINGS = 256  # entries of a list of names (`forbid`, `requires`, `platforms`...)
+MAX_PARAMS_BYTES = 1 << 16  # `check.params`, as JSON
 
 
 class ManifestError(Exception):
@@ -189,6 +200,8 @@ class _Reader:
     def strings(self, key: str, default: Any = ..., choices: Container[str] | None = None,
                 what: str = ""):
         value = self.get(key, list, default)
+        if len(value) > MAX_STRINGS:
+            raise self.fail(key, f"{len(value)} entries, more than {MAX_STRINGS}")
         for v in value:
             if not isinstance(v, str) or not v:
                 raise self.fail(key, "expected a list of non-empty strings")
@@ -261,6 +274,8 @@ def _sizes(top: _Reader, dtypes: tuple[str, ...], ranks: tuple[int, ...]) -> tup
     in the task's widest dtype (the controller makes every rank's inputs and the oracle's
     answer)."""
     sizes = top.ints("sizes", 0)
+    if len(sizes) > MAX_SIZES:
+        raise top.fail("sizes", f"{len(sizes)} sizes, more than the {MAX_SIZES} a task may have")
     width = max((ITEMSIZE.get(d, 8) for d in dtypes), default=8)
     world = max(ranks)
     for count in sizes:
@@ -287,9 +302,14 @@ def load_task(manifest: Path, suites_root: Path, platforms: Container[str] | Non
     vendors = (tuple(sorted({*VENDORS, *(p.vendor for p in PROFILES.values())}))
                if vendors is None else vendors)
     try:
+        if manifest.stat().st_size > MAX_MANIFEST_BYTES:
+            raise ManifestError(manifest, "<file>", f"larger than {MAX_MANIFEST_BYTES} bytes "
+                                                    "(no task needs that much)")
         data = tomllib.loads(manifest.read_text(encoding="utf-8"))
     except tomllib.TOMLDecodeError as exc:
         raise ManifestError(manifest, "<toml>", f"not valid TOML: {exc}") from None
+    except RecursionError:
+        raise ManifestError(manifest, "<toml>", "arrays or tables nested too deeply") from None
     except UnicodeDecodeError as exc:
         raise ManifestError(manifest, "<file>", f"not UTF-8 text: {exc}") from None
     except OSError as exc:
@@ -315,14 +335,21 @@ def load_task(manifest: Path, suites_root: Path, platforms: Container[str] | Non
     rtol = chk.number("rtol", 0.0)
     atol = chk.number("atol", 0.0)
     trials = chk.get("trials", int, 2)
-    if trials < 1:
-        raise chk.fail("trials", "must be >= 1")
+    if not 1 <= trials <= MAX_TRIALS:
+        raise chk.fail("trials", f"must be 1 to {MAX_TRIALS}, got {trials}")
+    params = chk.get("params", dict, {})
+    try:
+        params_bytes = len(json.dumps(params))
+    except (TypeError, ValueError, RecursionError):
+        raise chk.fail("params", "must be a table of plain values") from None
+    if params_bytes > MAX_PARAMS_BYTES:
+        raise chk.fail("params", f"{params_bytes} bytes as JSON, more than {MAX_PARAMS_BYTES}")
     check = CheckSpec(
         op=op,
         dtypes=chk.strings("dtypes", ("float64",), DTYPES),
         rtol=rtol,
         atol=atol,
-        params=dict(chk.get("params", dict, {})),
+        params=dict(params),
         trials=trials,
         late_rank=chk.get("late_rank", bool, True),
         stress=chk.get("stress", bool, True),
@@ -338,6 +365,8 @@ def load_task(manifest: Path, suites_root: Path, platforms: Container[str] | Non
     )
 
     timeout = top.number("timeout", 60, minimum=0, inclusive=False)
+    if timeout > MAX_TIMEOUT_S:
+        raise top.fail("timeout", f"{timeout:g} s is more than {MAX_TIMEOUT_S:g} s (a day)")
     entry = top.get("entry", str)
     if not entry.isidentifier():
         raise top.fail("entry", f"{entry!r} is not a function name")
@@ -346,6 +375,9 @@ def load_task(manifest: Path, suites_root: Path, platforms: Container[str] | Non
     except ValueError:
         relpath = task_dir.name
     ranks = top.ints("ranks", 1)
+    if len(ranks) > MAX_RANKS_LIST or max(ranks) > MAX_WORLD:
+        raise top.fail("ranks", f"at most {MAX_RANKS_LIST} world sizes of at most {MAX_WORLD} "
+                                "ranks each")
     sizes = _sizes(top, check.dtypes, ranks)
     return Task(
         dir=task_dir,

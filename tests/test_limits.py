@@ -446,6 +446,57 @@ def test_a_torn_last_line_is_ignored_and_a_line_glued_to_a_torn_one_is_recovered
     assert {r["nodeid"]: r["verdict"] for r in load(path)} == {"a": "pass", "b": "pass"}
 
 
+@pytest.mark.parametrize("bad, why", [
+    ({"speedup": "fast"}, "'speedup'"),
+    ({"speedup": float("nan")}, "'speedup'"),
+    ({"speedup": float("inf")}, "'speedup'"),
+    ({"speedup": 0}, "'speedup'"),
+    ({"speedup": -1.5}, "'speedup'"),
+    ({"cost": -0.5}, "'cost'"),
+    ({"world": "two"}, "'world'"),
+    ({"sizes": "none"}, "'sizes'"),
+    ({"task": None}, "'task'"),
+    ({"nodeid": None}, "nodeid"),
+    ({"event": "hello"}, "'event'"),
+    ({"verdict": None}, "'verdict'"),
+])
+def test_a_record_that_lies_is_skipped_saying_where_and_the_rest_is_reported(tmp_path, capsys,
+                                                                              bad, why):
+    """A line edited by hand (or written by a broken tool): it parses, but a report or a
+    resume cannot compute with it. It is skipped with its file, line number and reason on
+    stderr; the other items are reported."""
+    path = tmp_path / "results.jsonl"
+    good = {**COMMON, "event": "result", "nodeid": "a", "task": "a", "verdict": "pass",
+            "speedup": 1.0, "sizes": [], "fingerprint": {"platform": "cpu"}}
+    liar = {**good, "nodeid": "b", "task": "b", **bad}
+    path.write_text(json.dumps(good) + "\n" + json.dumps(liar) + "\n")
+    assert [r["nodeid"] for r in load(path)] == ["a"]
+    err = capsys.readouterr().err
+    assert f"{path}:2: line skipped" in err and why in err, err
+    assert "Pass Rate 100.0% (1/1)" in _report(path)
+
+
+def test_a_torn_line_of_a_megabyte_is_read_in_one_pass(tmp_path):
+    """A line cut short holding a megabyte of inner objects (a record's requests and sizes)
+    is skipped without parsing it once per inner object (that took a minute)."""
+    inner = ", ".join(json.dumps({"k": i, "v": [{"x": i}]}) for i in range(30000))
+    path = tmp_path / "results.jsonl"
+    ok = {**COMMON, "event": "result", "nodeid": "a", "task": "a", "verdict": "pass",
+          "speedup": 1.0, "sizes": []}
+    path.write_text(json.dumps(ok) + "\n" + '{"event": "result", "sizes": [' + inner + "\n")
+    assert len(path.read_bytes()) > 1_000_000
+    start = time.monotonic()
+    assert [r["nodeid"] for r in load(path)] == ["a"]
+    assert time.monotonic() - start < 20  # a minute before; milliseconds now
+
+
+def test_an_empty_log_says_there_is_nothing_to_report(tmp_path, capsys):
+    path = tmp_path / "results.jsonl"
+    path.write_text("")
+    assert main(["report", str(path)]) == 1
+    assert "nothing to report" in capsys.readouterr().err
+
+
 FULL_DISK_CONFTEST = """
 import errno, os
 
@@ -592,6 +643,34 @@ def test_a_manifest_naming_files_outside_its_folder_or_huge_sizes_is_refused(tmp
         load_task(manifest, tmp_path / "suites")
     assert info.value.key == key and message in str(info.value), str(info.value)
     assert str(manifest) in str(info.value)
+
+
+@pytest.mark.parametrize("key, value, message", [
+    ("sizes", "[" + ", ".join(["1"] * 200000) + "]", "more than the 64 a task may have"),
+    ("trials", "1000000000", "must be 1 to 64"),
+    ("timeout", "1e300", "more than 86400 s"),
+    ("ranks", "[2, 100000]", "at most 16 world sizes"),
+    ("requires", "[" + ", ".join(['"x"'] * 1000) + "]", "more than 256"),
+    ("params", "{ blob = \"" + "x" * 70000 + "\" }", "more than 65536"),
+    ("<toml>", "[" * 5000 + "]" * 5000, "nested too deeply"),
+])
+def test_a_manifest_asking_for_unbounded_work_is_refused_before_any_item(tmp_path, key, value,
+                                                                          message):
+    """A hostile or mistyped manifest: 200,000 sizes, a billion trials, a timeout of 10^300
+    s, arrays nested 5,000 deep (RecursionError before): one clear error naming the field."""
+    task = _task(tmp_path)
+    manifest = task / "task.toml"
+    if key in ("trials", "params"):
+        text = manifest.read_text()
+        manifest.write_text(text.replace("[check]\n", f"[check]\n{key} = {value}\n", 1))
+    elif key == "<toml>":
+        manifest.write_text(manifest.read_text() + f"\ndeep = {value}\n")
+    else:
+        _set(manifest, key, value)
+    with pytest.raises(ManifestError) as info:
+        load_task(manifest, tmp_path / "suites")
+    assert message in str(info.value), str(info.value)
+    assert info.value.key.endswith(key), info.value.key
 
 
 @pytest.mark.parametrize("name", ["template.py", "prompt.md"])
