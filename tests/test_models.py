@@ -61,6 +61,13 @@ def test_a_user_file_overrides_fields_and_adds_models(tmp_path):
     ('[models.x]\nprovider = "openai"\n', "'model' is missing"),
     ('[models.x]\nprovider = "openai"\nmodel = "m"\nmax_tokens = "many"\n', "expected int"),
     ("[models\n", "not valid TOML"),
+    # prices and limits that would make costs lie or requests absurd
+    ('[models.x]\nprovider = "openai"\nmodel = "m"\nprice_in = -1.0\nprice_out = 2.0\n',
+     "models.x.price_in: must be a finite number >= 0"),
+    ('[models.x]\nprovider = "openai"\nmodel = "m"\nprice_in = 1.0\nprice_out = inf\n',
+     "models.x.price_out: must be a finite number >= 0"),
+    ('[models.x]\nprovider = "openai"\nmodel = "m"\nmax_tokens = 0\n', "models.x.max_tokens"),
+    ('[models.x]\nprovider = "openai"\nmodel = "m"\nmax_tokens = -5\n', "models.x.max_tokens"),
 ])
 def test_a_bad_registry_file_names_file_and_key(tmp_path, text, needle):
     user = tmp_path / "models.toml"

@@ -7,6 +7,7 @@ local vLLM or llama.cpp server, a gateway), with `--commbench-base-url` for its 
 
 from __future__ import annotations
 
+import math
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,6 +21,9 @@ else:  # pragma: no cover
 SHIPPED = Path(__file__).with_name("registry.toml")
 PROVIDERS = ("openai", "anthropic")
 KEY_ENV = {"openai": "OPENAI_API_KEY", "anthropic": "ANTHROPIC_API_KEY"}
+# the most output tokens a models file may ask one request for (the largest any provider
+# serves is far below)
+MAX_OUTPUT_TOKENS = 1 << 20
 FIELDS = {"provider": str, "model": str, "key_env": str, "base_url": str,
           "reasoning_effort": str, "thinking": str, "max_tokens": int, "temperature": float,
           "price_in": float, "price_out": float, "price_ref": str, "open_weights": bool,
@@ -119,6 +123,12 @@ def _spec(alias: str, entry: dict[str, Any], path: Path) -> ModelSpec:
     for key in ("temperature", "price_in", "price_out", "paper_price"):
         if key in values:
             values[key] = float(values[key])
+            if not math.isfinite(values[key]) or values[key] < 0:
+                raise RegistryError(f"{path}: models.{alias}.{key}: must be a finite number "
+                                    f">= 0, got {values[key]}")
+    if "max_tokens" in values and not 1 <= values["max_tokens"] <= MAX_OUTPUT_TOKENS:
+        raise RegistryError(f"{path}: models.{alias}.max_tokens: must be 1 to "
+                            f"{MAX_OUTPUT_TOKENS}, got {values['max_tokens']}")
     return ModelSpec(alias=alias, **values)
 
 
