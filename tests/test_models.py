@@ -385,6 +385,46 @@ def test_a_registry_model_is_priced_by_genai_prices_and_a_rerun_replays_its_cost
     assert again["requests"][0]["replayed"] is True and again["price_source"] == source
 
 
+INFRA_ONCE = """
+from pytest_commbench.engine import flow
+from pytest_commbench.engine.plan import InfraError
+
+_real, _calls = flow.measure, [0]
+
+
+def measure(*args, **kwargs):
+    _calls[0] += 1
+    if _calls[0] == 1:
+        raise InfraError("the machine hiccuped (a test's fault)")
+    return _real(*args, **kwargs)
+
+
+flow.measure = measure
+"""
+
+
+def test_an_item_retried_after_an_infra_error_keeps_the_cost_of_the_answer_it_asked(
+        bench, monkeypatch):
+    """The first attempt asks the model and then meets an infra_error; the retry judges the
+    kept answer (no second request). The record is the retry's verdict with the answer's
+    tokens and cost, counted once (it was $0 before: the retry replays at no cost and the
+    attempt that paid was dropped)."""
+    pytest.importorskip("openai")
+    bench.add_task(TASK, ranks=2)
+    (bench.root / "conftest.py").write_text(INFRA_ONCE)
+    monkeypatch.setenv("MOONSHOT_API_KEY", "test-key")
+    script = [{"text": _region(REF), "usage": {"in": 1500, "out": 700}}]
+    with _servers().ScriptedServer("openai", script) as srv:
+        bench.run("--commbench-model=kimi", f"--commbench-base-url={srv.base_url}")
+        assert len(srv.requests) == 1
+    record = _only(bench)
+    assert record["verdict"] == "pass", record["message"]
+    assert record["cost"] == pytest.approx(0.004225)
+    assert (record["tokens_in"], record["tokens_out"]) == (1500, 700)
+    assert [q["replayed"] for q in record["requests"]] == [False]
+    assert record["replayed"] is False
+
+
 def test_a_models_file_price_overrides_genai_prices_in_a_run(bench, monkeypatch, tmp_path):
     pytest.importorskip("openai")
     bench.add_task(TASK, ranks=2)
