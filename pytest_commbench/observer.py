@@ -63,6 +63,9 @@ DRAWS = 20  # batches drawn at most for one whose inputs fit the feeds
 TRIAL_BATCHES = 3  # trial batches timed per step of the batch size's growth
 SAMPLES = 16  # positions per output checked the moment a rank says it is done
 LIVENESS_S = 0.005  # how often a wait looks at the job's processes and sockets
+# a rank that said it raised (its solution did, or the harness around it): the job ends this
+# long after, if it has not ended by itself (MPI_Abort can hang), not at its deadline
+RAISED_GRACE_S = 10.0
 MAX_MESSAGES = 5
 CONTROL_BYTES = 1 << 16
 # the stress phase: its calls' outputs may take at most STRESS_BYTES of a rank's segment (and
@@ -214,6 +217,7 @@ class Observer:
         # in the kernel instead of spinning on a CPU the ranks need
         self.bell_r, self.bell_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self.loaded = False
+        self.raised: tuple[int, float] | None = None  # (rank, when) a rank said it raised
         self.job = None
         self.k = 0
         self.version = 0
@@ -268,6 +272,10 @@ class Observer:
                                                 "deadline (the solution was not loaded yet)")
         if not self.job.alive():
             raise JobEnded(Verdict.RUNTIME_ERROR, "the job ended early")
+        if self.raised is not None and time.monotonic() - self.raised[1] > RAISED_GRACE_S:
+            raise JobEnded(Verdict.RUNTIME_ERROR,
+                           f"rank {self.raised[0]} raised and the job had not ended "
+                           f"{RAISED_GRACE_S:g} s later; it was stopped")
 
     def _read_sockets(self) -> int:
         """Read what the ranks said (at most one read per rank); returns the bytes read."""
@@ -296,6 +304,9 @@ class Observer:
                     continue
                 if isinstance(msg, dict) and msg.get("phase") == "loading":
                     self.loaded = True
+                if isinstance(msg, dict) and msg.get("raised") and self.loaded and \
+                        self.raised is None:
+                    self.raised = (rank.number, time.monotonic())
         return got
 
     def settle(self, most: int = 1 << 22) -> None:

@@ -370,3 +370,51 @@ def test_the_same_cheat_passes_where_outputs_are_taken_once_every_rank_is_done(t
     """What the early fetch (host: the copy at a rank's own "done") adds: taken after the
     last rank's done, the outputs rank 0 wrote for everyone are complete."""
     assert _judge(tmp_path, "rank0_does_all", staged, own=False) == []
+
+
+def test_a_rank_that_raised_and_hangs_ends_the_job_soon_not_at_its_deadline(tmp_path,
+                                                                           monkeypatch):
+    """A rank whose solution raised says so on its socket before it aborts the job; where the
+    abort hangs (MPI_Abort can), the observer stops the job a grace period later (here 0.3
+    s), a runtime_error, instead of waiting out the deadline (here 60 s)."""
+    from pytest_commbench import observer as observer_module
+    from pytest_commbench.observer import JobEnded
+
+    monkeypatch.setattr(observer_module, "RAISED_GRACE_S", 0.3)
+    op = checks.get("allreduce")
+    settings = Settings(reps=0, max_reps=0, timing_budget=0.0, warmup=0, wall_s=0.0,
+                        rtol=0.0, atol=0.0)
+    job_dir = tmp_path / "job"
+    job_dir.mkdir()
+    obs = Observer(job_dir, 2, op, settings, np.random.default_rng(1), staged=False,
+                   timed=False)
+    hang = threading.Event()
+    links: list[Link] = []
+
+    def rank_main(rank: int) -> None:
+        link = Link(str(job_dir), rank)
+        links.append(link)
+        link.say(phase="loading")
+        if rank == 1:
+            link.say(raised=True)  # as the harness does before its abort
+        hang.wait(30)  # the abort that never returns
+
+    threads = [threading.Thread(target=rank_main, args=(r,), daemon=True) for r in range(2)]
+    for t in threads:
+        t.start()
+    try:
+        obs.connect(ThreadJob(threads))
+        start = time.monotonic()
+        with pytest.raises(JobEnded) as ended:
+            obs._spin(lambda: False)
+        assert time.monotonic() - start < 10
+        assert ended.value.verdict == "runtime_error" and "rank 1 raised" in ended.value.message
+    finally:
+        hang.set()
+        for t in threads:
+            t.join(5)
+        obs.close()
+        for link in links:
+            link.sock.close()
+            for fd in (link.bell, link.wake, link.feed):
+                os.close(fd)

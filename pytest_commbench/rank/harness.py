@@ -165,6 +165,10 @@ def main(argv: list[str]) -> int:
                       type(exc).__name__, traceback=text[-6000:])
         sys.stderr.write(f"[commbench rank {rank}] {status.data['phase']}: {text[-6000:]}\n")
         sys.stderr.flush()
+        try:  # the observer ends the job soon if the abort below hangs
+            link.say(raised=True)
+        except Exception:  # noqa: BLE001 - the status file still says it
+            pass
         ABORT[0](3)
         return 3
     return 0
