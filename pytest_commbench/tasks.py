@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import json
 import math
+import os
 import re
 import sys
 from collections.abc import Container
@@ -370,10 +371,16 @@ def load_task(manifest: Path, suites_root: Path, platforms: Container[str] | Non
     entry = top.get("entry", str)
     if not entry.isidentifier():
         raise top.fail("entry", f"{entry!r} is not a function name")
-    try:
-        relpath = task_dir.resolve().relative_to(suites_root.resolve()).as_posix()
-    except ValueError:
-        relpath = task_dir.name
+    # the task's place in the suite as the suite names it: a task folder linked in from
+    # elsewhere keeps the category of the folder it is linked into
+    relpath = task_dir.name
+    for inside, root in ((Path(os.path.abspath(task_dir)), Path(os.path.abspath(suites_root))),
+                         (task_dir.resolve(), suites_root.resolve())):
+        try:
+            relpath = inside.relative_to(root).as_posix()
+            break
+        except ValueError:
+            continue
     ranks = top.ints("ranks", 1)
     if len(ranks) > MAX_RANKS_LIST or max(ranks) > MAX_WORLD:
         raise top.fail("ranks", f"at most {MAX_RANKS_LIST} world sizes of at most {MAX_WORLD} "

@@ -754,3 +754,15 @@ def test_a_correct_solution_printing_25_mb_in_one_write_passes(bench):
     logs = list((_run_dir(bench) / "work").glob("*/*/output.log"))
     assert logs and all(p.stat().st_size < 1.2 * MiB for p in logs)
     print(f"25 MB in one write: passed in {time.monotonic() - start:.1f} s")
+
+
+def test_a_task_folder_linked_in_from_elsewhere_keeps_the_category_it_is_linked_into(tmp_path):
+    """suites/collective/ring_allreduce -> a folder outside the suite (a shared checkout of
+    tasks): the task is collective/ring_allreduce, not a bare ring_allreduce."""
+    elsewhere = tmp_path / "elsewhere" / "ring_allreduce"
+    shutil.copytree(REPO / "suites" / "collective" / "ring_allreduce", elsewhere)
+    linked = tmp_path / "suites" / "collective" / "ring_allreduce"
+    linked.parent.mkdir(parents=True)
+    linked.symlink_to(elsewhere, target_is_directory=True)
+    task = load_task(linked / "task.toml", tmp_path / "suites")
+    assert task.relpath == "collective/ring_allreduce" and task.category == "collective"
