@@ -345,9 +345,21 @@ def _stop(signum: int, _frame) -> None:
     os.kill(os.getpid(), signum)
 
 
+# set by SIGINT: the run stops after the item it is in, even where the KeyboardInterrupt the
+# signal raised was swallowed (raised inside a destructor, say an SDK client's __del__, it is
+# only printed)
+INTERRUPTED = [False]
+
+
+def _interrupt(signum: int, frame) -> None:
+    INTERRUPTED[0] = True
+    signal.default_int_handler(signum, frame)
+
+
 def install_stop_handlers() -> None:
     """In the main thread of a controller (pytest, an xdist worker): a job never outlives it.
-    SIGINT is pytest's (KeyboardInterrupt runs every job's `finish`); SIGKILL leaves only the
+    SIGINT is pytest's (KeyboardInterrupt runs every job's `finish`), noted in `INTERRUPTED`
+    as well (the plugin stops the run after the item where it came); SIGKILL leaves only the
     parent-death signal, which ends the job's sandbox."""
     import threading
 
@@ -356,6 +368,8 @@ def install_stop_handlers() -> None:
     for sig in STOP_SIGNALS:
         if signal.getsignal(sig) in (signal.SIG_DFL, None):
             signal.signal(sig, _stop)
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        signal.signal(signal.SIGINT, _interrupt)
 
 
 class Job:

@@ -6,7 +6,7 @@ import argparse
 
 import pytest
 
-from . import hookspecs, preflight
+from . import hookspecs, launch, preflight
 from .agent import GeakAgent
 from .items import TaskManifest, is_manifest, record_crashed_item, record_from_report
 from .launch import install_stop_handlers
@@ -113,6 +113,13 @@ class XdistHooks:
         """On the controller: the worker running `crashitem` died (perhaps killed by the
         solution). Its item is a failure of the model, written to the log here."""
         record_crashed_item(self.state, crashitem, report)
+
+
+def pytest_runtest_logfinish(nodeid, location) -> None:
+    """Ctrl-C stops the run after the item it came in, wherever its KeyboardInterrupt went
+    (one raised inside a destructor is swallowed)."""
+    if launch.INTERRUPTED[0]:
+        raise KeyboardInterrupt
 
 
 def pytest_collect_file(file_path, parent):

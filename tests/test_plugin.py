@@ -511,3 +511,33 @@ def test_a_batch_is_drawn_so_that_every_ranks_inputs_fit_its_feed():
     fake.ranks = [SimpleNamespace(feed_bytes=min(min(d) for d in drawn) // 4)] * 4
     with pytest.raises(RuntimeError, match="none fits"):
         Observer._draw(fake, case, 4)
+
+
+SIGINT_IN_A_DESTRUCTOR = '''
+import os
+import signal
+from pathlib import Path
+
+
+class Client:
+    def __del__(self):  # as an SDK client's: the KeyboardInterrupt raised here is swallowed
+        os.kill(os.getpid(), signal.SIGINT)
+
+
+def test_a():
+    Client()
+
+
+def test_b():
+    Path("b-ran").write_text("yes")
+'''
+
+
+def test_ctrl_c_stops_the_run_even_where_its_keyboardinterrupt_was_swallowed(bench):
+    """SIGINT arriving inside a destructor raises KeyboardInterrupt there, which Python only
+    prints: the run stops after that item all the same (it went on before)."""
+    (bench.root / "suites").mkdir(exist_ok=True)
+    (bench.root / "suites" / "test_sigint.py").write_text(SIGINT_IN_A_DESTRUCTOR)
+    result = bench.run("-p", "no:randomly")
+    assert result.ret == pytest.ExitCode.INTERRUPTED, result.stdout.str()
+    assert not (bench.root / "b-ran").exists()
