@@ -641,6 +641,9 @@ def create(config: pytest.Config) -> CommbenchState:
             run_dir = runs_dir / run_id
             run_lock = RunLock(run_dir)  # taken when the run's file is written
             config.add_cleanup(run_lock.release)
+    # the run's own runs folder: a resumed run (given by its path) keeps using the replies
+    # kept beside it, whatever --commbench-runs-dir says now (a worker: its controller's)
+    runs_dir = run_dir.parent
     scratch = setting(config, "scratch")
     work_dir = (Path(scratch).expanduser() / run_id if scratch else run_dir) / "work"
     if not worker:

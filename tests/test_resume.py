@@ -8,6 +8,7 @@ import io
 import json
 import sys
 import xml.etree.ElementTree as ET
+from pathlib import Path
 
 import pytest
 
@@ -125,3 +126,29 @@ def test_the_report_counts_an_item_of_one_model_once_over_several_logs(tmp_path)
     assert "commbench: model m" in text and "commbench: model n" in text
     assert "Pass Rate 100.0% (2/2)" in text  # x once (the later pass), y once
     assert "Pass Rate 100.0% (1/1)" in text  # model n
+
+
+RUNS_DIR_SEEN = """
+import json
+from pathlib import Path
+
+from pytest_commbench.session import STATE
+
+
+def pytest_collection_finish(session):
+    state = session.config.stash[STATE]
+    Path("runs-dir-seen").write_text(str(state.runs_dir))
+"""
+
+
+def test_a_run_resumed_by_its_path_keeps_its_own_runs_folder(bench):
+    """`--commbench-resume PATH` of a run kept in another runs folder: its kept replies are
+    those beside it (PATH/../replies), not the current runs folder's, so nothing it asked
+    is asked again."""
+    bench.add_task()
+    other = bench.root / "elsewhere"
+    bench.run("--commbench-model=reference", f"--commbench-runs-dir={other}")
+    (run,) = [p for p in other.iterdir() if p.is_dir() and p.name != "replies"]
+    (bench.root / "conftest.py").write_text(RUNS_DIR_SEEN)
+    bench.run("--commbench-model=reference", f"--commbench-resume={run}")
+    assert Path(bench.root / "runs-dir-seen").read_text() == str(other.resolve())
