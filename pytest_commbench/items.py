@@ -194,9 +194,11 @@ def carried(before: ItemResult, after: ItemResult) -> ItemResult:
 
 
 def record_crashed_item(state, nodeid: str, report) -> dict[str, Any] | None:
-    """The controller's end for an item whose xdist worker died while running it: a failure
-    of the model (`runtime_error`) once the item had started (its solution may have killed the
-    worker), `infra_error` if it had not. Written to the log, shown in the report."""
+    """The controller's end for an item whose xdist worker died while running it: once the
+    item had started, a failure of the model (`runtime_error`) where jobs run unsandboxed
+    (its solution may have killed the worker), else `infra_error` (a sandboxed job cannot
+    signal its worker: it was killed from outside); `infra_error` if it had not started.
+    Written to the log, shown in the report."""
     started, result = None, None
     if state.log.path.exists():
         for entry in entries(state.log.path):
@@ -212,7 +214,13 @@ def record_crashed_item(state, nodeid: str, report) -> dict[str, Any] | None:
     else:
         if started is not None:
             base = {k: v for k, v in started.items() if k not in ("event", "started")}
-            outcome = {"verdict": Verdict.RUNTIME_ERROR.value, "message": WORKER_DIED}
+            if state.settings.unsandboxed:  # the solution's processes could reach the worker
+                outcome = {"verdict": Verdict.RUNTIME_ERROR.value, "message": WORKER_DIED}
+            else:  # a job's sandbox (its own PID and user namespaces) cannot: killed from
+                # outside, never the model's fault; a resume runs the item again
+                outcome = {"verdict": Verdict.INFRA_ERROR.value,
+                           "message": f"{WORKER_DIED} (killed from outside: a sandboxed "
+                                      "solution cannot reach it)"}
         else:
             base = _base_from_nodeid(state, nodeid)
             outcome = {"verdict": Verdict.INFRA_ERROR.value,

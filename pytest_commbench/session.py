@@ -443,7 +443,9 @@ class CommbenchState:
 
     @property
     def resumed(self) -> dict[str, dict]:
-        """Result records the run being resumed already has, by node id (this model's only)."""
+        """Result records the run being resumed already has, by node id (this model's only;
+        an `infra_error` is no result: the machine's or the provider's fault, the item runs
+        again)."""
         if self._resumed is None:
             self._resumed = {}
             if self.resume_upto and self.log.path.exists():
@@ -451,6 +453,7 @@ class CommbenchState:
                     nodeid: record
                     for nodeid, record in finished(self.log.path, self.resume_upto).items()
                     if record.get("model") == self.model.name
+                    and record.get("verdict") != "infra_error"
                 }
         return self._resumed
 

@@ -176,16 +176,32 @@ items.refine = _dies
 """
 
 
-def test_an_item_whose_xdist_worker_dies_is_a_runtime_error_written_by_the_controller(bench):
+@pytest.mark.parametrize("sandboxed", [False, True], ids=["unsandboxed", "sandboxed"])
+def test_an_item_whose_xdist_worker_dies_is_written_by_the_controller(bench, sandboxed):
+    """Unsandboxed, the solution's processes could have killed the worker: runtime_error.
+    Sandboxed they cannot (their own PID and user namespaces): the worker was killed from
+    outside, an infra_error that a resume runs again."""
     pytest.importorskip("xdist")
     bench.add_task()
     bench.add_task(name="ring_allreduce_after")
     (bench.root / "conftest.py").write_text(CRASH_CONFTEST)
-    result = bench.run("-n", "1", "--junitxml=out.xml")
+    args = [] if sandboxed else ["--commbench-unsandboxed"]
+    result = bench.run("-n", "1", "--junitxml=out.xml", *args)
     result.assert_outcomes(failed=1, passed=1)
     assert "the pytest worker running this item died" in result.stdout.str()
-    result.stdout.fnmatch_lines(["Pass Rate 50.0% (1/2)*"])
     verdicts = bench.verdicts()
+    if sandboxed:
+        assert verdicts == {NODE: "infra_error", OTHER: "pass"}
+        (crashed,) = [r for r in bench.records() if r["nodeid"] == NODE]
+        assert "killed from outside" in crashed["message"]
+        # resumed: the item runs again (here its worker dies again: the conftest says so)
+        (run,) = [p for p in (bench.root / "runs").iterdir() if p.is_dir()
+                  and p.name != "replies"]
+        again = bench.run("-n", "1", f"--commbench-resume={run}")
+        assert "the pytest worker running this item died" in again.stdout.str()
+        assert sum(1 for r in bench.records() if r["nodeid"] == NODE) == 2
+        return
+    result.stdout.fnmatch_lines(["Pass Rate 50.0% (1/2)*"])
     assert verdicts == {NODE: "runtime_error", OTHER: "pass"}
     (crashed,) = [r for r in bench.records() if r["nodeid"] == NODE]
     assert crashed["message"] == "the pytest worker running this item died"
