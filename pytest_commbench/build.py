@@ -483,7 +483,7 @@ def _run_compiler(argv: list[str], out, work: Path) -> int:
 
     proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out,
                             stderr=subprocess.STDOUT, cwd=work, start_new_session=True,
-                            preexec_fn=die_with_parent)
+                            preexec_fn=functools.partial(die_with_parent, os.getpid()))
     LIVE[proc.pid] = SimpleNamespace(proc=proc)
     try:
         return proc.wait(timeout=COMPILE_TIMEOUT_S)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import re
 import time
@@ -13,6 +12,7 @@ import pytest
 
 from . import __version__
 from .engine import ItemResult, Settings, refine
+from .models.conversation import ITEM
 from .results import cap, entries
 from .scoring import record_band
 from .session import STATE
@@ -155,16 +155,18 @@ class TaskItem(pytest.Item):
         # agent mode runs the candidates of a model that can be asked; the rest as always
         agent = state.agent if self.candidate.conversation is not None else None
         run = agent.run if agent is not None else refine
-        before: ItemResult | None = None  # an attempt given up for an infra_error
-        for _attempt in range(1 + INFRA_RETRIES):
-            result = run(self.task, self.world, self.candidate, state.platform, settings)
-            if isinstance(result, dict):  # a third-party agent of the older contract
-                result = ItemResult.from_record(result)
-            if before is not None:
-                result = carried(before, result)
-            if result.verdict != Verdict.INFRA_ERROR.value:
-                break
-            before = result
+        # the kept answers this item asked for are counted by it, in every attempt and in a
+        # resumed run's rerun (models/conversation.py: its record is the one that stands)
+        token = ITEM.set(self.nodeid)
+        try:
+            for _attempt in range(1 + INFRA_RETRIES):
+                result = run(self.task, self.world, self.candidate, state.platform, settings)
+                if isinstance(result, dict):  # a third-party agent of the older contract
+                    result = ItemResult.from_record(result)
+                if result.verdict != Verdict.INFRA_ERROR.value:
+                    break
+        finally:
+            ITEM.reset(token)
         self._conclude(self._finish(state, result.as_record()))
 
     def repr_failure(self, excinfo, style=None):
@@ -175,22 +177,6 @@ class TaskItem(pytest.Item):
     def reportinfo(self):
         who = self.candidate.id or self.config.stash[STATE].model.name
         return self.path, None, f"commbench {self.task.relpath} np{self.world} [{who}]"
-
-
-def carried(before: ItemResult, after: ItemResult) -> ItemResult:
-    """The attempt that stands, with what an attempt given up before it (an infra_error)
-    paid: the model answered that one (counted in this run by it), and the retry replays the
-    kept answer at no cost, so without this the answer's tokens and cost would be in no
-    record at all. A request both made is listed once, as it was asked."""
-    seen = {q.get("id") for q in before.requests if q.get("id")}
-    requests = [*before.requests,
-                *(q for q in after.requests if not (q.get("replayed") and q.get("id") in seen))]
-    cost = (None if before.cost is None and after.cost is None
-            else (before.cost or 0.0) + (after.cost or 0.0))
-    return dataclasses.replace(after, tokens_in=before.tokens_in + after.tokens_in,
-                               tokens_out=before.tokens_out + after.tokens_out, cost=cost,
-                               requests=requests,
-                               replayed=before.replayed and after.replayed)
 
 
 def record_crashed_item(state, nodeid: str, report) -> dict[str, Any] | None:

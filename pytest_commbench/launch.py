@@ -309,15 +309,19 @@ class OutputDrain:
 PR_SET_PDEATHSIG = 1
 
 
-def die_with_parent() -> None:  # pragma: no cover - runs in the child before exec
+def die_with_parent(parent: int | None = None) -> None:  # pragma: no cover - in the child
     """The job gets SIGKILL when the controller dies (kill -9 of pytest or of a worker):
-    with the sandbox this ends the job's PID namespace and everything in it."""
+    with the sandbox this ends the job's PID namespace and everything in it. `parent`: the
+    controller's pid, taken before the fork; a controller that died before the signal was
+    set (it never fires then) ends the child here."""
     try:
         import ctypes
 
         ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     except (OSError, AttributeError):
         pass
+    if parent is not None and os.getppid() != parent:
+        os._exit(1)
 
 
 # the jobs this process has started and not yet finished (the stop handler ends them)
@@ -389,7 +393,9 @@ class Job:
         try:
             self.proc = subprocess.Popen(drained(argv), cwd=cwd, env=env, stdout=write_end,
                                          stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                         start_new_session=True, preexec_fn=die_with_parent)
+                                         start_new_session=True,
+                                         preexec_fn=functools.partial(die_with_parent,
+                                                                      os.getpid()))
         except BaseException:
             os.close(read_end)
             self._out.close()

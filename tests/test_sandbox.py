@@ -125,20 +125,23 @@ def test_the_job_dies_with_its_controller(tmp_path):
         time.sleep(600)
         """)
     proc = subprocess.Popen([sys.executable, "-c", controller], stdout=subprocess.PIPE, text=True)
+
+    def left() -> str:
+        """The job's processes (the controller's command line names the marker too)."""
+        out = subprocess.run(["pgrep", "-af", marker], capture_output=True, text=True).stdout
+        return "\n".join(x for x in out.splitlines() if x.split()[0] != str(proc.pid))
+
     assert proc.stdout.readline().strip() == "running"
     deadline = time.time() + 20
-    while time.time() < deadline and not subprocess.run(["pgrep", "-f", marker],
-                                                        capture_output=True).stdout:
+    while time.time() < deadline and "time.sleep(600)" not in left():
         time.sleep(0.1)
-    assert subprocess.run(["pgrep", "-f", marker], capture_output=True).stdout, "never started"
+    assert "time.sleep(600)" in left(), "never started"
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     deadline = time.time() + 10
-    while time.time() < deadline and subprocess.run(["pgrep", "-f", marker],
-                                                    capture_output=True).stdout:
+    while time.time() < deadline and left():
         time.sleep(0.1)
-    left = subprocess.run(["pgrep", "-af", marker], capture_output=True, text=True).stdout
-    assert not left.strip(), f"the job outlived its controller: {left}"
+    assert not left().strip(), f"the job outlived its controller: {left()}"
 
 
 @pytest.fixture

@@ -17,7 +17,9 @@ judges the same reply. A lock file makes concurrent pytest-xdist workers that ne
 step wait for one request instead of sending several. A reused reply is `replayed`: it keeps
 the tokens and cost it had when asked, so a rerun prices (and budgets) like the run that
 asked; each kept reply is counted once per run (by the first item to get it), so the other
-world sizes of its task add nothing to the run's totals."""
+world sizes of its task add nothing to the run's totals. The item that counted it counts it
+again whenever it runs again in the run (a retry after an infra_error, a resume after a
+kill): its new record replaces the old one, so the cost stays in the run exactly once."""
 
 from __future__ import annotations
 
@@ -26,6 +28,7 @@ import json
 import re
 import time
 from collections.abc import Callable
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +36,9 @@ from ..tasks import Task
 from . import prompt as prompts
 from .base import Candidate, Model, Reply
 
-COUNTED = "counted"  # in a reply's folder: the run that counted a kept reply's cost
+COUNTED = "counted"  # in a reply's folder: the run (and item) that counted a kept reply's cost
+# the node id of the item asking (set by the item while it runs): who counts a kept reply
+ITEM: ContextVar[str | None] = ContextVar("commbench_item", default=None)
 
 
 def _safe(name: str) -> str:
@@ -160,7 +165,8 @@ class Conversation:
         step.mkdir(parents=True, exist_ok=True)
         with open(step.parent / f".{step.name}.lock", "w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)  # one request per step, whatever the workers
-            kept = None if place.get("regenerate") else _load(step, place.get("run"))
+            kept = None if place.get("regenerate") else _load(step, place.get("run"),
+                                                              ITEM.get())
             if kept is not None:
                 kept.request.setdefault("id", _request_id(step, runs_dir))
                 return kept
@@ -179,6 +185,7 @@ class Conversation:
                      "cost": request.get("cost", reply.cost), "price": request.get("price"),
                      "truncated": reply.truncated,
                      "seconds": round(time.time() - started, 3), "run": place.get("run"),
+                     "item": ITEM.get(),
                      "model": self.model.card(), "request": request}
             (step / "reply.md").write_text(reply.text or "", encoding="utf-8",
                                            errors="surrogateescape")
@@ -195,12 +202,13 @@ def _request_id(folder: Path, runs_dir: Path) -> str:
         return folder.as_posix()
 
 
-def _load(folder: Path, run: str | None = None) -> Reply | None:
+def _load(folder: Path, run: str | None = None, item: str | None = None) -> Reply | None:
     """A reply kept by an earlier item or run (called under the folder's lock): the same
     text, cut or not as it was, replayed with the tokens and cost recorded when it was asked.
-    The first item of run `run` to get it counts them (it notes so in the folder); later
-    items of the run, the task's other world sizes, count nothing, so the run's totals hold
-    each answer once. Its request (in the record) keeps the cost either way: the budget of
+    The first item of run `run` to get it counts them (it notes so in the folder, or asked
+    it in this run); later items of the run, the task's other world sizes, count nothing, so
+    the run's totals hold each answer once. That first item (`item`) counts them again when
+    it runs again: its record replaces the one that counted them. Its request (in the record) keeps the cost either way: the budget of
     every item that used the answer counts it, so each stops at the round the asker did."""
     reply, kept = folder / "reply.md", folder / "usage.json"
     if not (reply.is_file() and kept.is_file()):
@@ -215,9 +223,15 @@ def _load(folder: Path, run: str | None = None) -> Reply | None:
     request.setdefault("cost", usage.get("cost"))
     request.setdefault("price", usage.get("price"))
     counted = folder / COUNTED
-    first = run is None or (usage.get("run") != run and _read(counted) != run)
-    if first and run is not None:
-        counted.write_text(run + "\n")
+    if run is None:
+        first = True
+    elif usage.get("run") == run:  # asked in this run: its asker counted it
+        first = item is not None and usage.get("item") == item
+    else:
+        mark_run, _, mark_item = (_read(counted) or "").partition(" ")
+        first = mark_run != run or (item is not None and mark_item == item)
+        if mark_run != run:
+            counted.write_text(f"{run} {item or ''}".strip() + "\n")
     tokens_in, tokens_out = _count(usage.get("tokens_in")), _count(usage.get("tokens_out"))
     cost = usage.get("cost") if isinstance(usage.get("cost"), (int, float)) else 0.0
     truncated = bool(usage.get("truncated")) or request.get("finish_reason") in (

@@ -32,6 +32,7 @@ import time
 MPS_FAILED = 124  # the daemon could not be started (the job never ran)
 START_S = 20.0  # how long the daemon may take to open its control pipe
 STOP_S = 15.0  # ... and to end after `quit`
+KILLED_S = 5.0  # ... and to be gone once killed
 
 
 def _write(out: str, **fields) -> None:
@@ -87,7 +88,9 @@ def stop(control: str, env: dict[str, str], pipe: str) -> bool:
             os.kill(pid, signal.SIGKILL)
         except OSError:
             pass
-    time.sleep(0.5)
+    deadline = time.monotonic() + KILLED_S  # a loaded machine takes a while to reap them
+    while time.monotonic() < deadline and daemon_pids(pipe):
+        time.sleep(0.1)
     return not daemon_pids(pipe)
 
 
