@@ -8,7 +8,7 @@ import pytest
 
 from . import hookspecs, launch, preflight
 from .agent import GeakAgent
-from .items import TaskManifest, is_manifest, record_crashed_item, record_from_report
+from .items import TaskItem, TaskManifest, is_manifest, record_crashed_item, record_from_report
 from .launch import install_stop_handlers
 from .leaderboard import render_run
 from .models.api import api_model_names, make_api_model
@@ -193,6 +193,17 @@ class ResultsCollector:
 
     def pytest_terminal_summary(self, terminalreporter) -> None:
         if not self.by_node:
+            config = terminalreporter.config
+            given = [f"{flag} {value!r}" for flag, value in
+                     (("-k", config.option.keyword), ("-m", config.option.markexpr)) if value]
+            # task items were there and the filter took them all
+            tasks_deselected = any(isinstance(item, TaskItem)
+                                   for item in terminalreporter.stats.get("deselected", ()))
+            if given and tasks_deselected and not hasattr(config, "workerinput"):
+                terminalreporter.write_line(
+                    f"commbench: no task item matched {' and '.join(given)}; `commbench tasks` "
+                    "lists the tasks, their markers and world sizes (items are named "
+                    "TASK[npN])", yellow=True)
             return
         why = preflight.no_item_ran(self.records)
         if why:

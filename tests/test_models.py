@@ -61,6 +61,7 @@ def test_a_user_file_overrides_fields_and_adds_models(tmp_path):
     ('[models.x]\nprovider = "openai"\n', "'model' is missing"),
     ('[models.x]\nprovider = "openai"\nmodel = "m"\nmax_tokens = "many"\n', "expected int"),
     ("[models\n", "not valid TOML"),
+    ('[model.kimi]\nprice_in = 1.0\nprice_out = 2.0\n', "unknown table or key 'model'"),
     # prices and limits that would make costs lie or requests absurd
     ('[models.x]\nprovider = "openai"\nmodel = "m"\nprice_in = -1.0\nprice_out = 2.0\n',
      "models.x.price_in: must be a finite number >= 0"),

@@ -541,3 +541,10 @@ def test_ctrl_c_stops_the_run_even_where_its_keyboardinterrupt_was_swallowed(ben
     result = bench.run("-p", "no:randomly")
     assert result.ret == pytest.ExitCode.INTERRUPTED, result.stdout.str()
     assert not (bench.root / "b-ran").exists()
+
+
+def test_a_k_that_matches_no_task_points_to_commbench_tasks(bench):
+    bench.add_task()
+    result = bench.run("-k", "no_such_task")
+    assert result.ret == pytest.ExitCode.NO_TESTS_COLLECTED
+    result.stdout.fnmatch_lines(["*no task item matched -k 'no_such_task'*commbench tasks*"])

@@ -69,6 +69,10 @@ def _entries(path: Path) -> dict[str, dict[str, Any]]:
         raise RegistryError(f"{path}: cannot be read ({exc.strerror or exc})") from None
     except tomllib.TOMLDecodeError as exc:
         raise RegistryError(f"{path}: not valid TOML ({exc})") from None
+    unknown = sorted(set(data) - {"models"})
+    if unknown:  # a misspelt [model.kimi] would be ignored without a word
+        raise RegistryError(f"{path}: unknown table or key {unknown[0]!r} (a models file has "
+                            "[models.ALIAS] tables only)")
     models = data.get("models", {})
     if not isinstance(models, dict):
         raise RegistryError(f"{path}: 'models' must be a table of tables")
