@@ -346,6 +346,19 @@ def test_a_reply_cut_at_the_token_limit_is_truncated_and_never_run(bench, monkey
     assert (scores.applicable, scores.passes) == (1, 0)  # a fail, not "not applicable"
 
 
+def _kimi_answers_once(bench, monkeypatch, *args: str) -> str:
+    """A run of kimi against a loopback server whose one answer is the reference's region
+    (1500 tokens in, 700 out: $0.004225 at genai-prices'); exactly one request is sent.
+    Returns the server's address."""
+    pytest.importorskip("openai")
+    monkeypatch.setenv("MOONSHOT_API_KEY", "test-key")
+    script = [{"text": _region(REF), "usage": {"in": 1500, "out": 700}}]
+    with _servers().ScriptedServer("openai", script) as srv:
+        bench.run("--commbench-model=kimi", f"--commbench-base-url={srv.base_url}", *args)
+        assert len(srv.requests) == 1
+    return srv.base_url
+
+
 def test_a_registry_model_is_priced_by_genai_prices_and_a_rerun_replays_its_cost(
         bench, monkeypatch):
     """Kimi (genai-prices: moonshotai kimi-k2.6 at $0.95 in / $4.00 out per million tokens):
@@ -353,13 +366,8 @@ def test_a_registry_model_is_priced_by_genai_prices_and_a_rerun_replays_its_cost
     lists the request (endpoint, model id, settings, usage) and the price source; a rerun on
     the same runs directory sends nothing, and its line has the same cost and tokens, marked
     replayed."""
-    pytest.importorskip("openai")
     bench.add_task(TASK, ranks=2)
-    monkeypatch.setenv("MOONSHOT_API_KEY", "test-key")
-    script = [{"text": _region(REF), "usage": {"in": 1500, "out": 700}}]
-    with _servers().ScriptedServer("openai", script) as srv:
-        bench.run("--commbench-model=kimi", f"--commbench-base-url={srv.base_url}")
-        assert len(srv.requests) == 1
+    base_url = _kimi_answers_once(bench, monkeypatch)
     first = _only(bench)
     assert first["verdict"] == "pass" and first["cost"] == pytest.approx(0.004225)
     assert first["replayed"] is False
@@ -368,7 +376,7 @@ def test_a_registry_model_is_priced_by_genai_prices_and_a_rerun_replays_its_cost
     assert (source["provider"], source["model"]) == ("moonshotai", "kimi-k2.6")
     assert source["data_date"]
     (request,) = first["requests"]
-    assert request["endpoint"].rstrip("/") == srv.base_url and request["model"] == "kimi-k2.6"
+    assert request["endpoint"].rstrip("/") == base_url and request["model"] == "kimi-k2.6"
     assert request["max_tokens"] == 65536 and request["stream"] is True  # the registry's
     assert (request["tokens_in"], request["tokens_out"]) == (1500, 700)
     assert request["finish_reason"] == "stop" and request["seconds"] >= 0
@@ -410,14 +418,9 @@ def test_an_item_retried_after_an_infra_error_keeps_the_cost_of_the_answer_it_as
     kept answer (no second request). The record is the retry's verdict with the answer's
     tokens and cost, counted once (it was $0 before: the retry replays at no cost and the
     attempt that paid was dropped)."""
-    pytest.importorskip("openai")
     bench.add_task(TASK, ranks=2)
     (bench.root / "conftest.py").write_text(INFRA_ONCE)
-    monkeypatch.setenv("MOONSHOT_API_KEY", "test-key")
-    script = [{"text": _region(REF), "usage": {"in": 1500, "out": 700}}]
-    with _servers().ScriptedServer("openai", script) as srv:
-        bench.run("--commbench-model=kimi", f"--commbench-base-url={srv.base_url}")
-        assert len(srv.requests) == 1
+    _kimi_answers_once(bench, monkeypatch)
     record = _only(bench)
     assert record["verdict"] == "pass", record["message"]
     assert record["cost"] == pytest.approx(0.004225)
@@ -584,16 +587,10 @@ def test_a_resumed_item_that_had_asked_counts_its_answer_once(bench, monkeypatch
     asked) ran but before its result line was written, np3 (which replayed, counting
     nothing) having finished. The resume runs np2 again: it replays its own answer and
     counts it, so the run's cost holds it once (it held it nowhere before: $0)."""
-    pytest.importorskip("openai")
     suite = bench.add_task(TASK, ranks=2)
     manifest = suite / "task.toml"
     manifest.write_text(manifest.read_text().replace("ranks = [2]", "ranks = [2, 3]"))
-    monkeypatch.setenv("MOONSHOT_API_KEY", "test-key")
-    script = [{"text": _region(REF), "usage": {"in": 1500, "out": 700}}]
-    with _servers().ScriptedServer("openai", script) as srv:
-        bench.run("--commbench-model=kimi", f"--commbench-base-url={srv.base_url}",
-                  "-p", "no:randomly")
-        assert len(srv.requests) == 1
+    _kimi_answers_once(bench, monkeypatch, "-p", "no:randomly")
     (run,) = [p for p in (bench.root / "runs").iterdir() if p.is_dir() and p.name != "replies"]
     log = run / "results.jsonl"
     lines = log.read_text().splitlines(keepends=True)
