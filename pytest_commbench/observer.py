@@ -78,6 +78,8 @@ STRESS_HOLD_S = (100e-6, 2e-3)
 # before the call begins, so it must outlast the set-up work a call on new buffers does on
 # the host first (exchanging and opening IPC handles takes milliseconds)
 FIRST_HOLD_S = (10e-3, 40e-3)
+# the word a rank's harness answers each of the observer's steps with
+ANSWER = {"prep": "ready", "gate": "done", "fetch": "saved"}
 
 
 class JobEnded(Exception):
@@ -454,6 +456,20 @@ class Observer:
         for name, value in trials[0].inputs[number].items():
             v[name][...] = value
 
+    def _ask(self, i: int, step: str, k: int) -> None:
+        """Ask rank i for step k ("prep", "gate", "fetch"), making sure it has not answered
+        yet: its harness writes the answer ("ready", "done", "saved") only once asked, so a
+        word already at k was written by the solution (a thread of its own saying a call is
+        done before its gate even opened, to move its work out of the timed interval)."""
+        word = ANSWER[step]
+        have = self.ranks[i].ctl.get(word)
+        if have >= k:
+            raise JobEnded(Verdict.FORBIDDEN,
+                           f"rank {i}'s control page said {word!r} = {have} before the observer "
+                           f"asked for {step} {k}: the solution wrote its harness's word (a "
+                           "completion the harness did not see is no completion)")
+        self.ranks[i].set(step, k)
+
     def _await(self, word: str, k: int) -> list[float]:
         """Wait until every rank set `word` to k; returns when the observer saw each one."""
         seen = [0.0] * self.world
@@ -525,7 +541,7 @@ class Observer:
                 if i not in late:
                     self._write_inputs(i, trials)
                     prep[i] = time.perf_counter()
-                    ranks[i].set("prep", k)
+                    self._ask(i, "prep", k)
             seen = [0.0] * self.world
 
             def prepared() -> bool:
@@ -565,7 +581,7 @@ class Observer:
                 for i in seen:
                     if self.staged:  # its outputs now, not once the held rank is done too
                         fetched[i] = time.perf_counter()
-                        ranks[i].set("fetch", k)
+                        self._ask(i, "fetch", k)
                     elif check:
                         take(i)
                 if self.staged:
@@ -591,8 +607,8 @@ class Observer:
                 self._write_inputs(i, trials)
             gate[i] = time.perf_counter()
             if i in late:
-                ranks[i].set("prep", k)
-            ranks[i].set("gate", k)
+                self._ask(i, "prep", k)
+            self._ask(i, "gate", k)
         if own and self.staged:
             self._spin(lambda: collect() and all(saved))
             after = max(b - a for a, b in zip(fetched, saved))
@@ -611,8 +627,8 @@ class Observer:
         if self.staged and not own:  # every rank is done: peers no longer write into
             # anyone's outputs
             fetch = time.perf_counter()
-            for r in ranks:
-                r.set("fetch", k)
+            for i in range(self.world):
+                self._ask(i, "fetch", k)
             after = max(self._await("saved", k)) - fetch
         if check:
             errors = list(early)

@@ -30,6 +30,7 @@ from .backends import make_backend
 from .protocol import (
     BATCH_SEP,
     ENV_GUARD_REPORT,
+    GUARD_EXIT,
     NATIVE_LANGUAGES,
     Control,
     JobSpec,
@@ -216,9 +217,11 @@ def guard(job: JobSpec, rank: int, solution: str, scratch: Path) -> None:
 
     tempfile.tempdir = str(scratch)
     ABORT[0] = MPI.COMM_WORLD.Abort
-    if job.backend == "cpu":
-        ctypes.CDLL(None).prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
-    elif job.language == "python":
+    # no other process (a peer rank) may read or write this one's memory through
+    # /proc/<pid>/mem, nor take its descriptors (the ranks share a user: only this closes
+    # it); what CUDA IPC, NCCL and NVSHMEM exchange goes through their own sockets
+    ctypes.CDLL(None).prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
+    if job.backend != "cpu" and job.language == "python":
         warm_up_cupy(scratch)
     if os.environ.get(ENV_GUARD_REPORT):
         arm = getattr(ctypes.CDLL(None), "commbench_guard_arm", None)
@@ -285,6 +288,7 @@ def run(job: JobSpec, rank: int, status: Status, link: Link) -> None:
     link.say(phase="loading")
     solution = job.solution
     calls = Calls(link, backend, None)  # before the guard: it imports what it needs
+    calls.report = str(Path(job.out) / guard_file(rank))
     if gpu is not None and job.stress:
         from .gpu import device_hold
 
@@ -327,6 +331,20 @@ def arm_cupti(job: JobSpec):
     return lib
 
 
+def forged_word(report: str | None, word: str, k: int, have: int) -> None:
+    """End the rank for a control word written by someone other than its harness."""
+    text = json.dumps({"forbidden": "the control page",
+                       "detail": f"this rank's {word!r} word was {have} before its harness "
+                                 f"said {word} for call {k}: the solution wrote it"})
+    if report:
+        try:
+            with open(report, "w") as f:
+                f.write(text + "\n")
+        except OSError:
+            pass
+    os._exit(GUARD_EXIT)
+
+
 class Calls:
     """Makes the calls the observer asks for, in the order of the control page's words."""
 
@@ -343,12 +361,26 @@ class Calls:
 
             self.apart = keep_timing_thread_apart
         self.k = 0  # the last call made (numbered over the whole job)
+        # where a control word found ahead of this harness is reported (see `say`)
+        self.report: str | None = None
         self.version = -1
         self.args: list[Any] = []
         # a batch's buffer sets handed to the solution, one per call, and their inputs' specs
         self.work: list[dict[str, Any]] | None = None
         self.fed: list = []
         self.staging: list[list[np.ndarray]] = []  # staged: each call's inputs on the host
+
+    def say(self, word: str, k: int) -> None:
+        """Set this rank's `word` to k, the harness's own answer to the observer's step k
+        ("ready", "done", "saved"). Only this harness writes them, and only after that step
+        was asked for: a word already at k or beyond was written by the solution (a thread
+        of its own saying the call is done before it is, to move its work out of the timed
+        interval). That is a forbidden use of the control page: reported as the guards
+        report, and the rank ends with their exit code before the word could count."""
+        have = self.ctl.get(word)
+        if have >= k:
+            forged_word(self.report, word, k, have)
+        self.ctl.set(word, k)
 
     def wait(self, word: str, k: int, case: int) -> bool:
         """Until `word` reaches k (True) or the case has ended (False): spinning for SPIN_S,
@@ -456,7 +488,7 @@ class Calls:
                     else:
                         b.poison(bufs[name])
                 b.synchronize()
-                self.ctl.set("ready", k)
+                self.say("ready", k)
                 self.link.ring()
                 if not self.wait("gate", k, index):
                     return
@@ -504,7 +536,7 @@ class Calls:
                     if kind == "in" and name not in outs_here:
                         b.poison(bufs[name])
                 b.synchronize()
-            self.ctl.set("done", k)
+            self.say("done", k)
             self.link.ring()
             if b.staged:
                 if not self.wait("fetch", k, index):
@@ -512,7 +544,7 @@ class Calls:
                 for name, kind, *_ in placed:
                     if kind == "out":
                         np.copyto(shared[name], b.to_host(bufs[name]))
-                self.ctl.set("saved", k)
+                self.say("saved", k)
                 self.link.ring()
 
     def bind(self, case: dict, ctx: Context, bufs: dict, fresh: bool = True) -> None:
