@@ -593,3 +593,40 @@ def test_cupy_as_the_harness_uses_it_passes(tmp_path):
                           text=True, timeout=300, env=env)
     assert done.returncode == 0, done.stdout + done.stderr
     assert not list(tmp_path.glob("guard_r*.json"))
+
+
+CUPY_PROXY = r"""
+import ctypes, sys
+import cupy, numpy
+guard = ctypes.CDLL(sys.argv[1])
+assert guard.commbench_guard_cupti_arm(b"/nonexistent/libsolution.so") == 0
+x = cupy.asarray(numpy.arange(1 << 20, dtype=numpy.float32))
+z = cupy.empty_like(x)
+cupy.cuda.runtime.memcpy(z.data.ptr, x.data.ptr, x.nbytes, cupy.cuda.runtime.memcpyDefault)
+guard.commbench_guard_cupti_window(1)  # the solution's call runs: the harness calls nothing
+# the interpreter as the solution's proxy (a native answer that replaced a harness function
+# and drives cupy through it): the same call, inside the window
+cupy.cuda.runtime.memcpy(z.data.ptr, x.data.ptr, x.nbytes, cupy.cuda.runtime.memcpyDefault)
+print("the copy inside the window passed")
+"""
+
+
+@needs_gpu
+def test_inside_the_call_window_no_frame_is_the_harness(tmp_path):
+    """The interpreter as a proxy: a forbidden call made through cupy passes outside the call
+    window (the harness's own) and is the solution's inside it, whatever the stack shows."""
+    probe = subprocess.run([sys.executable, "-c", "import cupy"], capture_output=True)
+    if probe.returncode != 0:
+        pytest.skip("cupy is not installed for this Python")
+    guard = build_cupti_guard(("cudaMemcpy*",), tmp_path / "cache")
+    import os
+
+    env = {**os.environ, "COMMBENCH_GUARD_REPORT": str(tmp_path / "guard_r%r.json"),
+           "OMPI_COMM_WORLD_RANK": "0"}
+    done = subprocess.run([sys.executable, "-c", CUPY_PROXY, str(guard)], capture_output=True,
+                          text=True, timeout=300, env=env)
+    assert done.returncode == cupti_guard.GUARD_EXIT, done.stdout + done.stderr
+    assert "passed" not in done.stdout
+    report = json.loads((tmp_path / "guard_r0.json").read_text().splitlines()[0])
+    assert report["forbidden"] == "cudaMemcpy", report
+    assert "while the solution's call ran" in report["detail"], report

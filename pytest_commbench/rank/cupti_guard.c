@@ -32,6 +32,11 @@
  * $COMMBENCH_GUARD_REPORT (as it was when armed, "%r" replaced by the rank) and ends the process
  * with _exit(86), as the interposer does.
  *
+ * commbench_guard_cupti_window(open) (exported): the harness opens the call window around each
+ * call of the solution and closes it after; inside it no frame counts as the harness's (the
+ * harness makes no CUDA call then), so a forbidden function reached through the interpreter,
+ * cupy or a harness function the solution replaced is the solution's too.
+ *
  * commbench_guard_cupti_check() (exported) proves the subscription still works: every
  * forbidden callback still enabled for the guard's subscriber, and a call of cuDriverGetVersion
  * (through the libcuda found at arming) seen by the guard's own callback. A guard switched off
@@ -132,6 +137,11 @@ static union {
 #define S guard_state.s
 
 static struct link_map *solution_map;  /* found at the first frame of it (after it loads) */
+/* The call window: set by the harness while the solution's call runs (between its gate and
+ * its "done"), when the harness itself makes no CUDA call at all: a forbidden call then is
+ * the solution's whoever seems to make it (the interpreter or cupy driven by the solution,
+ * harness functions it replaced), unless a trusted library makes it on its own. */
+static volatile int window;
 static char arming;                    /* a spin lock around arming */
 static __thread int checking, canary_seen;
 
@@ -324,6 +334,9 @@ static void judge(int i, const CUpti_CallbackData *cb) {
                 return;  /* the library's own call, on the solution's behalf or not */
             break;
         case OTHER:
+            if (window)
+                refuse(i, cb, "while the solution's call ran (the harness makes no CUDA call then)",
+                       map, caller);
             if (!caller)
                 caller = map;
             break;
@@ -426,6 +439,12 @@ EXPORT int commbench_guard_cupti_arm(const char *solution_path) {
 out:
     __atomic_clear(&arming, __ATOMIC_RELEASE);
     return result;
+}
+
+/* Open (1) or close (0) the call window (see `window`); the harness's own, around each call
+ * of the solution. Exported under a name every native answer is forbidden to use. */
+EXPORT void commbench_guard_cupti_window(int open) {
+    __atomic_store_n(&window, open ? 1 : 0, __ATOMIC_RELEASE);
 }
 
 EXPORT int commbench_guard_cupti_armed(void) {

@@ -289,6 +289,8 @@ def run(job: JobSpec, rank: int, status: Status, link: Link) -> None:
     solution = job.solution
     calls = Calls(link, backend, None)  # before the guard: it imports what it needs
     calls.report = str(Path(job.out) / guard_file(rank))
+    if watch is not None:
+        calls.window = watch.commbench_guard_cupti_window
     if gpu is not None and job.stress:
         from .gpu import device_hold
 
@@ -363,6 +365,9 @@ class Calls:
         self.k = 0  # the last call made (numbered over the whole job)
         # where a control word found ahead of this harness is reported (see `say`)
         self.report: str | None = None
+        # the CUDA API guard's call window (rank/cupti_guard.c): open while the solution's
+        # call runs, when the harness makes no CUDA call itself (None: no such guard)
+        self.window = None
         self.version = -1
         self.args: list[Any] = []
         # a batch's buffer sets handed to the solution, one per call, and their inputs' specs
@@ -560,7 +565,13 @@ class Calls:
                             [a for a in self.args if not hasattr(a, "nbytes")], fresh)
 
     def call(self, ctx: Context) -> None:
-        if hasattr(self.fn, "prepare"):
-            self.fn()
-        else:
-            self.fn(ctx, *self.args)
+        if self.window is not None:
+            self.window(1)
+        try:
+            if hasattr(self.fn, "prepare"):
+                self.fn()
+            else:
+                self.fn(ctx, *self.args)
+        finally:
+            if self.window is not None:
+                self.window(0)
