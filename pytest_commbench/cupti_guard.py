@@ -93,7 +93,7 @@ from .rank.protocol import ENV_GUARD_REPORT, GUARD_EXIT
 
 log = logging.getLogger(__name__)
 
-RECIPE_VERSION = "cupti-1"
+RECIPE_VERSION = "cupti-2"
 REPORT_HEADER = Path(__file__).parent / "rank" / "guard_report.h"  # included by it
 SOURCE = Path(__file__).parent / "rank" / "cupti_guard.c"
 LIBRARY_NAME = "libcommbench_cupti.so"
@@ -276,9 +276,23 @@ def guard_header(patterns: tuple[str, ...], callbacks: list[Callback],
              "#define COMMBENCH_CBIDS(X) \\"]
     lines += [f"    X({domains[c.domain]}, {c.cbid}, {_c_string(c.function)}) \\"
               for c in callbacks]
+    copies, sets = capabilities(callbacks) if not trusted else (False, False)
     lines += ["", f"#define COMMBENCH_NCBID {len(callbacks)}",
-              "#define COMMBENCH_TRUSTED " + " ".join(f"{_c_string(t)}," for t in trusted), ""]
+              "#define COMMBENCH_TRUSTED " + " ".join(f"{_c_string(t)}," for t in trusted),
+              f"#define COMMBENCH_FORBID_COPIES {int(copies)}",
+              f"#define COMMBENCH_FORBID_SETS {int(sets)}", ""]
     return "\n".join(lines)
+
+
+def capabilities(callbacks: list[Callback]) -> tuple[bool, bool]:
+    """What the forbidden functions stand for, enforced by what the device does rather than by
+    the name used: (copies, sets). A task that forbids the copy functions forbids copies by
+    the copy engine by any route (a CUDA graph's memcpy nodes, a batch copy, a prefetch): every
+    copy the device makes while the solution's call runs is the solution's (CUPTI's activity
+    records); likewise memsets for the memset functions."""
+    names = [c.function for c in callbacks]
+    return (any(n.startswith(("cudaMemcpy", "cuMemcpy")) for n in names),
+            any(n.startswith(("cudaMemset", "cuMemset")) for n in names))
 
 
 def build_cupti_guard(patterns: tuple[str, ...], cache_dir: Path,
@@ -354,5 +368,5 @@ def build_cupti_guard(patterns: tuple[str, ...], cache_dir: Path,
 
 
 __all__ = ["ARM_SYMBOL", "CHECK_SYMBOL", "Callback", "Cupti", "GUARD_ENV", "GUARD_EXIT",
-           "REPORT_ENV", "TRUSTED_BY_USE", "build_cupti_guard", "find_cupti", "guard_header",
+           "REPORT_ENV", "TRUSTED_BY_USE", "build_cupti_guard", "capabilities", "find_cupti", "guard_header",
            "matches", "parse_cbids", "read_cbids", "resolve", "trusted_for"]

@@ -154,6 +154,19 @@ def test_the_generated_header_lists_domain_id_and_function():
     assert "*/ */" not in guard_header(("a*/b",), [], ())
 
 
+def test_forbidden_copy_functions_forbid_what_the_device_does_unless_a_library_is_trusted():
+    """A task that forbids the copy (memset) functions has the guard watch the device's copies
+    (memsets) by CUPTI's activity records; not where a trusted library may make its own."""
+    copies = resolve(("cudaMemcpy*", "cuMemcpy*"), parse_cbids(SYNTHETIC))
+    text = guard_header(("cudaMemcpy*",), copies)
+    assert "#define COMMBENCH_FORBID_COPIES 1" in text
+    assert "#define COMMBENCH_FORBID_SETS 0" in text
+    trusted = guard_header(("cudaMemcpy*",), copies, ("libnccl.so*",))
+    assert "#define COMMBENCH_FORBID_COPIES 0" in trusted
+    other = resolve(("cuMemAlloc*",), parse_cbids(SYNTHETIC))
+    assert cupti_guard.capabilities(other) == (False, False)
+
+
 def test_libraries_trusted_with_their_own_calls_follow_the_task():
     assert trusted_for({"cuda-runtime", "cuda-ipc"}) == ()
     assert trusted_for(["nccl-device", "nccl"]) == ("libnccl.so*",)
@@ -630,3 +643,50 @@ def test_inside_the_call_window_no_frame_is_the_harness(tmp_path):
     report = json.loads((tmp_path / "guard_r0.json").read_text().splitlines()[0])
     assert report["forbidden"] == "cudaMemcpy", report
     assert "while the solution's call ran" in report["detail"], report
+
+
+CUPY_GRAPH = r"""
+import ctypes, sys
+import cupy, numpy
+guard = ctypes.CDLL(sys.argv[1])
+assert guard.commbench_guard_cupti_arm(b"/nonexistent/libsolution.so") == 0
+x = cupy.asarray(numpy.arange(1 << 20, dtype=numpy.float32))
+z = cupy.empty_like(x)
+s = cupy.cuda.Stream(non_blocking=True)
+s.begin_capture()  # the copy function is called here, outside the window: the harness's
+z.data.copy_from_device_async(x.data, x.nbytes, stream=s)
+graph = s.end_capture()
+graph.launch(stream=s)  # outside the window: a copy of the harness's
+s.synchronize()
+assert guard.commbench_guard_cupti_check() == 0
+print("outside the window: passed", flush=True)
+guard.commbench_guard_cupti_window(1)
+graph.launch(stream=s)  # a memcpy node, no copy function called
+s.synchronize()
+guard.commbench_guard_cupti_window(0)
+guard.commbench_guard_cupti_check()
+print("inside the window: passed")
+"""
+
+
+@needs_gpu
+def test_a_copy_the_device_made_in_the_call_window_is_forbidden_by_any_route(tmp_path):
+    """The task forbids the copy functions: a CUDA graph's memcpy node launched while the
+    solution's call runs is a forbidden copy (CUPTI's activity records), the same graph
+    launched outside the window passes."""
+    probe = subprocess.run([sys.executable, "-c", "import cupy"], capture_output=True)
+    if probe.returncode != 0:
+        pytest.skip("cupy is not installed for this Python")
+    guard = build_cupti_guard(("cudaMemcpy*", "cuMemcpy*"), tmp_path / "cache")
+    import os
+
+    env = {**os.environ, "COMMBENCH_GUARD_REPORT": str(tmp_path / "guard_r%r.json"),
+           "OMPI_COMM_WORLD_RANK": "0"}
+    done = subprocess.run([sys.executable, "-c", CUPY_GRAPH, str(guard)], capture_output=True,
+                          text=True, timeout=300, env=env)
+    out = done.stdout + done.stderr
+    assert "outside the window: passed" in done.stdout, out
+    assert done.returncode == cupti_guard.GUARD_EXIT, out
+    assert "inside the window: passed" not in done.stdout, out
+    report = json.loads((tmp_path / "guard_r0.json").read_text().splitlines()[0])
+    assert report["forbidden"] == "copy-engine", report

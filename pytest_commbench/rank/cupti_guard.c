@@ -51,6 +51,7 @@
 #include <fcntl.h>
 #include <fnmatch.h>
 #include <limits.h>
+#include <pthread.h>
 #include <link.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -135,6 +136,8 @@ static union {
     char page[STATE_BYTES];
 } guard_state __attribute__((aligned(4096)));
 #define S guard_state.s
+
+static void cupti_error(const char *what, CUptiResult r);
 
 static struct link_map *solution_map;  /* found at the first frame of it (after it loads) */
 /* The call window: set by the harness while the solution's call runs (between its gate and
@@ -365,6 +368,148 @@ static void CUPTIAPI on_call(void *userdata, CUpti_CallbackDomain domain, CUpti_
         judge(i, cb);
 }
 
+/* -- what the device did: copies and memsets by any route ----------------------------------
+ * Where the task forbids the copy (memset) functions, it forbids what they do: CUPTI's
+ * activity records tell of every copy (memset) the device made, however it was asked for (a
+ * CUDA graph's memcpy node, a batch copy, a prefetch, a peer copy). Every one that ran,
+ * even in part, while a call window was open (the harness makes none then: its uploads end
+ * before the window opens, its fetch begins after the window closed) is the solution's. The
+ * windows' times are kept (CUPTI's clock, the one its records use); the records are judged as
+ * CUPTI hands them over, and all of them at the check after the last call. */
+#if COMMBENCH_FORBID_COPIES || COMMBENCH_FORBID_SETS
+#define RECORDS_BUFFER (1u << 20)
+
+struct span {
+    uint64_t from, to; /* to == 0: still open */
+};
+static struct span *spans;
+static size_t nspans, capspans;
+static pthread_mutex_t spans_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static void window_times(int open) {
+    uint64_t now = 0;
+    if (cuptiGetTimestamp(&now) != CUPTI_SUCCESS)
+        return;
+    pthread_mutex_lock(&spans_lock);
+    if (open) {
+        if (nspans == capspans) {
+            size_t cap = capspans ? 2 * capspans : 1024;
+            struct span *grown = realloc(spans, cap * sizeof *spans);
+            if (grown) {
+                spans = grown;
+                capspans = cap;
+            }
+        }
+        if (nspans < capspans)
+            spans[nspans++] = (struct span){now, 0};
+    } else if (nspans && spans[nspans - 1].to == 0) {
+        spans[nspans - 1].to = now;
+    }
+    pthread_mutex_unlock(&spans_lock);
+}
+
+/* Whether [start, end] meets a call window: the last window opened before `end`. */
+static int in_window(uint64_t start, uint64_t end) {
+    int hit = 0;
+    pthread_mutex_lock(&spans_lock);
+    size_t lo = 0, hi = nspans;
+    while (lo < hi) { /* the first window opened after `end` */
+        size_t mid = (lo + hi) / 2;
+        if (spans[mid].from <= end)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    if (lo > 0) {
+        const struct span *w = &spans[lo - 1];
+        hit = w->to == 0 || w->to >= start;
+    }
+    pthread_mutex_unlock(&spans_lock);
+    return hit;
+}
+
+static void CUPTIAPI records_wanted(uint8_t **buffer, size_t *size, size_t *max_records) {
+    *buffer = aligned_alloc(8, RECORDS_BUFFER);
+    *size = *buffer ? RECORDS_BUFFER : 0;
+    *max_records = 0;
+}
+
+static void device_did(const char *capability, const char *what, uint64_t start, uint64_t end, uint64_t bytes,
+                       uint32_t correlation) {
+    if (!in_window(start, end))
+        return;
+    char detail[512];
+    snprintf(detail, sizeof detail,
+             "the device made %s of %llu bytes while the solution's call ran (CUDA correlation "
+             "id %u): the task forbids it by any route (a copy function, a CUDA graph's node, "
+             "a batch or peer copy)",
+             what, (unsigned long long)bytes, correlation);
+    report(capability, detail);
+}
+
+static void CUPTIAPI records_done(CUcontext context, uint32_t stream, uint8_t *buffer,
+                                  size_t size, size_t valid) {
+    (void)context;
+    (void)stream;
+    (void)size;
+    CUpti_Activity *record = NULL;
+    while (valid && cuptiActivityGetNextRecord(buffer, valid, &record) == CUPTI_SUCCESS) {
+        switch (record->kind) {
+        case CUPTI_ACTIVITY_KIND_MEMCPY: {
+            const CUpti_ActivityMemcpy6 *m = (const void *)record;
+            device_did("copy-engine", "a copy", m->start, m->end, m->bytes, m->correlationId);
+            break;
+        }
+        case CUPTI_ACTIVITY_KIND_MEMCPY2: {
+            const CUpti_ActivityMemcpyPtoP4 *m = (const void *)record;
+            device_did("copy-engine", "a peer copy", m->start, m->end, m->bytes, m->correlationId);
+            break;
+        }
+        case CUPTI_ACTIVITY_KIND_MEMSET: {
+            const CUpti_ActivityMemset4 *m = (const void *)record;
+            device_did("memset", "a memset", m->start, m->end, m->bytes, m->correlationId);
+            break;
+        }
+        default:
+            break;
+        }
+    }
+    free(buffer);
+}
+
+static int watch_device(void) {
+    CUptiResult r = cuptiActivityRegisterCallbacks(records_wanted, records_done);
+    if (r != CUPTI_SUCCESS) {
+        cupti_error("cuptiActivityRegisterCallbacks", r);
+        return 4;
+    }
+    static const CUpti_ActivityKind kinds[] = {
+#if COMMBENCH_FORBID_COPIES
+        CUPTI_ACTIVITY_KIND_MEMCPY, CUPTI_ACTIVITY_KIND_MEMCPY2,
+#endif
+#if COMMBENCH_FORBID_SETS
+        CUPTI_ACTIVITY_KIND_MEMSET,
+#endif
+    };
+    for (size_t k = 0; k < sizeof kinds / sizeof kinds[0]; k++) {
+        r = cuptiActivityEnable(kinds[k]);
+        if (r != CUPTI_SUCCESS) {
+            cupti_error("cuptiActivityEnable", r);
+            return 5;
+        }
+    }
+    return 0;
+}
+
+static void judge_records(void) {
+    cuptiActivityFlushAll(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED);
+}
+#else
+static void window_times(int open) { (void)open; }
+static int watch_device(void) { return 0; }
+static void judge_records(void) {}
+#endif
+
 /* -- arming --------------------------------------------------------------------------------- */
 
 /* The report path, "%r" replaced by the rank (as the interposer does). */
@@ -434,6 +579,9 @@ EXPORT int commbench_guard_cupti_arm(const char *solution_path) {
         if (r != CUPTI_SUCCESS)
             S.canary = NULL;  /* the check then relies on the callback states alone */
     }
+    result = watch_device();
+    if (result != 0)
+        goto out;
     S.armed = 1;
     mprotect(&guard_state, STATE_BYTES, PROT_READ);
 out:
@@ -444,7 +592,11 @@ out:
 /* Open (1) or close (0) the call window (see `window`); the harness's own, around each call
  * of the solution. Exported under a name every native answer is forbidden to use. */
 EXPORT void commbench_guard_cupti_window(int open) {
+    if (open)
+        window_times(1);
     __atomic_store_n(&window, open ? 1 : 0, __ATOMIC_RELEASE);
+    if (!open)
+        window_times(0);
 }
 
 EXPORT int commbench_guard_cupti_armed(void) {
@@ -456,6 +608,7 @@ EXPORT int commbench_guard_cupti_armed(void) {
 EXPORT int commbench_guard_cupti_check(void) {
     if (!S.armed)
         return -1;
+    judge_records(); /* every copy and memset the device made so far (reported: no return) */
     char why[512] = "";
     for (int i = 0; i < COMMBENCH_NCBID && !why[0]; i++) {
         uint32_t on = 0;

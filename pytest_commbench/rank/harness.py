@@ -531,7 +531,7 @@ class Calls:
                 hold = holds[0]
                 if hold and hold[1] == "device" and self.hold_device is not None:
                     self.hold_device(hold[0])  # its stream waits: its work starts late
-                self.call(ctx)
+                self.call(ctx, settle=b.synchronize)
             b.synchronize()
             if info.get("scrub"):
                 # the call is complete: its inputs are the caller's again, poisoned now (a
@@ -564,7 +564,10 @@ class Calls:
             self.fn.prepare([a for a in self.args if hasattr(a, "nbytes")],
                             [a for a in self.args if not hasattr(a, "nbytes")], fresh)
 
-    def call(self, ctx: Context) -> None:
+    def call(self, ctx: Context, settle=None) -> None:
+        """One call of the solution inside the CUDA API guard's call window; `settle` (the
+        device's synchronization), inside it too: what the call left queued runs while the
+        window is open, so every copy it makes is the solution's to the guard."""
         if self.window is not None:
             self.window(1)
         try:
@@ -572,6 +575,8 @@ class Calls:
                 self.fn()
             else:
                 self.fn(ctx, *self.args)
+            if settle is not None:
+                settle()
         finally:
             if self.window is not None:
                 self.window(0)
