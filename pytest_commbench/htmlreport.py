@@ -24,7 +24,7 @@ from typing import Any
 from .leaderboard import Board, Entry, anatomy_columns, fingerprint_line, leaderboard_rows
 from .models.conversation import last_round_reply, sample_folder
 from .report import _num, _pct, model_colours
-from .scoring import outcomes, record_band
+from .scoring import FAST_P, outcomes, record_band
 
 STYLE = """
 body { font: 14px/1.45 system-ui, sans-serif; margin: 1.5em auto; max-width: 78em;
@@ -168,7 +168,7 @@ def _swatch(colour: str) -> str:
 def _leaderboard(board: Board, colours: dict[str, str]) -> str:
     head = ("<tr><th>rank</th><th>tier</th><th>model</th><th>tasks</th><th>pass</th>"
             "<th>Pass Rate</th><th>PASS+Good</th><th>GM-Speedup</th><th>Pass x GM</th>"
-            "<th>$/task</th></tr>")
+            "<th>$/task</th>" + "".join(f"<th>fast_{p:g}</th>" for p in FAST_P) + "</tr>")
     rows = []
     for row, e in zip(leaderboard_rows(board), board.entries):
         cells = [f'<td class="num">{row["rank"]}</td>', f'<td class="num">{row["tier"]}</td>',
@@ -184,6 +184,10 @@ def _leaderboard(board: Board, colours: dict[str, str]) -> str:
         price = row.get("price")
         cells.append(f'<td class="num" data-sort="{-1 if price is None else price}">'
                      f'{"-" if price is None else f"{price:.4f}"}</td>')
+        for p in FAST_P:
+            value = row[f"fast_{p:g}"]
+            cells.append(f'<td class="num" data-sort="{-1 if value is None else value}">'
+                         f'{_pct(value)}</td>')
         rows.append("<tr>" + "".join(cells) + "</tr>")
     return (f'<table class="sortable" id="leaderboard"><thead>{head}</thead><tbody>'
             + "".join(rows) + "</tbody></table>")
@@ -283,7 +287,8 @@ def index_page(board: Board, command: str = "") -> str:
         body.append(f"<p class=\"muted\">{_e(command)}</p>")
     body += ["<h2>Leaderboard</h2>",
              "<p>Ranked by Pass x GM; 90% intervals in brackets; a tier changes where "
-             "adjacent intervals separate. Click a column to sort.</p>",
+             "adjacent intervals separate; fast_p: the share of the tasks that pass with a "
+             "speedup above p. Click a column to sort.</p>",
              _leaderboard(board, colours),
              "<h2>Pass x GM</h2>", _figure(board, colours),
              "<h2>Tasks x models</h2>",

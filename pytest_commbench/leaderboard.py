@@ -37,6 +37,7 @@ from .report import WriteLine, WriteSep
 from .results import merge
 from .scoring import (
     BAND_ORDER,
+    FAST_P,
     OUTCOMES,
     UNTIMED,
     Intervals,
@@ -61,9 +62,10 @@ COLUMNS = ("rank", "tier", "model", "label", "tasks", "passes", "good", "not_app
            "pass_x_gm", "pass_x_gm_lo", "pass_x_gm_hi", "pass_rate", "pass_rate_lo",
            "pass_rate_hi", "pass_good", "pass_good_lo", "pass_good_hi", "gm_speedup",
            "gm_speedup_lo", "gm_speedup_hi", "open_weights", "price", "paper_price",
-           "refine_rounds", "budget_usd", "runs")
+           "refine_rounds", "budget_usd", "runs", *(f"fast_{p:g}" for p in FAST_P))
 INTS = {"rank", "tier", "tasks", "passes", "good", "not_applicable", "refine_rounds"}
-FLOATS = {c for c in COLUMNS if c.startswith(METRICS)} | {"price", "paper_price", "budget_usd"}
+FLOATS = {c for c in COLUMNS if c.startswith(METRICS + ("fast_",))} | {
+    "price", "paper_price", "budget_usd"}
 
 
 # -- fingerprints ---------------------------------------------------------------------------
@@ -194,9 +196,8 @@ class Entry:
 
     @property
     def price(self) -> float | None:
-        """Mean cost per applicable task; None where no answer cost anything (no prices)."""
-        spent = any(float(r.get("cost") or 0) > 0 for r in self.solutions)
-        return self.scores.price if spent else None
+        """Mean cost per applicable task; None where no answer's cost is known (no prices)."""
+        return self.scores.price
 
 
 @dataclass
@@ -344,6 +345,7 @@ def leaderboard_rows(board: Board) -> list[dict[str, Any]]:
         row.update(open_weights=e.open_weights, price=e.price, paper_price=e.paper_price,
                    refine_rounds=e.refine_rounds, budget_usd=e.budget_usd,
                    runs=" ".join(e.runs))
+        row.update({f"fast_{p:g}": v for p, v in s.fast})
         rows.append(row)
     return rows
 
@@ -536,6 +538,11 @@ def tables(board: Board) -> list[Table]:
           f"{r['passes']}/{r['tasks']}", _yes(r["open_weights"]), _money(r["price"])]
          for r in leaderboard_rows(board)],
         note=_tiers_note(board)))
+    out.append(Table(
+        "Table 2b: fast_p (share of the tasks that pass with a speedup above p)",
+        ["model", "tasks", *(f"fast_{p:g}" for p in FAST_P)],
+        [[r["label"], r["tasks"], *(_pct(r[f"fast_{p:g}"]) for p in FAST_P)]
+         for r in leaderboard_rows(board)]))
     by_round = rounds(board)
     if by_round:
         most = max(n for series in by_round.values() for n, _ in series)

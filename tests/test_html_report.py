@@ -129,6 +129,9 @@ def test_the_leaderboard_rows_are_the_models_in_rank_order(site):
     assert [int(r[0]) for r in rows] == [1, 2, 3, 4, 5, 6]
     # every interval is shown with its value: "66.7% [41.7%, 91.7%]"
     assert all("[" in r[5] for r in rows[1:])
+    # fast_p at KernelBench's thresholds, after the price: the reference passes all at 1.0+
+    assert dom.head("leaderboard")[-3:] == ["fast_0", "fast_1", "fast_1.5"]
+    assert rows[0][-3] == "100.0%"
     # every model's name links to its page, and the page exists
     links = [a["attrs"]["href"] for a in dom.find("a", "leaderboard")]
     assert len(links) == 6 and all((site / h).is_file() for h in links)
