@@ -63,6 +63,9 @@ def cmd_report(args: argparse.Namespace) -> int:
                     r["run_label"] = labels[index]
     if args.compare:
         return _compare(args)
+    if args.fail_on:
+        print("commbench report: --fail-on goes with --compare A B", file=sys.stderr)
+        return 2
     if not records:
         print(f"commbench report: no item's record in {' '.join(args.paths)} (an empty log, "
               "or every line skipped as said above): nothing to report", file=sys.stderr)
@@ -154,17 +157,58 @@ def _compare(args: argparse.Namespace) -> int:
         print("commbench report: give --label twice (one for each run) or not at all",
               file=sys.stderr)
         return 2
+    try:
+        threshold = fail_on(args.fail_on)
+    except ValueError as exc:
+        print(f"commbench report: --fail-on {args.fail_on}: {exc}", file=sys.stderr)
+        return 2
     runs = []
     for raw in args.paths:
         runs.append([r for log in _logs(Path(raw)) for r in load(log)])
     a, b = labels or [str(p) for p in args.paths]
-    text = comparison_markdown(compare(*runs), a, b)
+    cmp = compare(*runs)
+    text = comparison_markdown(cmp, a, b)
     print(text)
     if args.out:
         Path(args.out).mkdir(parents=True, exist_ok=True)
         (Path(args.out) / "compare.md").write_text(text + "\n")
         print(f"commbench: wrote {Path(args.out) / 'compare.md'}")
-    return 0
+    return _compare_status(cmp, threshold, a, b)
+
+
+def fail_on(text: str | None) -> float | None:
+    """`slower:P%` as the fraction P/100 (None: no speed threshold given)."""
+    if text is None:
+        return None
+    kind, _, amount = text.partition(":")
+    if kind != "slower" or not amount.endswith("%"):
+        raise ValueError("expected slower:P% (e.g. slower:5%)")
+    try:
+        value = float(amount[:-1])
+    except ValueError:
+        raise ValueError(f"{amount!r} is no percentage") from None
+    if not 0 <= value < 100:
+        raise ValueError("the percentage must be at least 0 and below 100")
+    return value / 100
+
+
+def _compare_status(cmp, threshold: float | None, a: str, b: str) -> int:
+    """1 where a pass of A is anything else in B, or (given a threshold) a speedup fell by
+    more than it and beyond both intervals; each cause named on stderr. 0 otherwise."""
+    from .scoring import slower, worse
+
+    failed = False
+    for item, x, y in worse(cmp):
+        print(f"commbench report --compare: worse: {item}: {x} in {a}, {y} in {b}",
+              file=sys.stderr)
+        failed = True
+    for item, sx, ix, sy, iy, _ in (slower(cmp, threshold) if threshold is not None else []):
+        print(f"commbench report --compare: slower by {100 * (1 - sy / sx):.1f}% (more than "
+              f"{100 * threshold:g}%, beyond the 90% intervals): {item}: {sx:.3f} "
+              f"[{ix[0]:.3f}, {ix[1]:.3f}] in {a}, {sy:.3f} [{iy[0]:.3f}, {iy[1]:.3f}] in {b}",
+              file=sys.stderr)
+        failed = True
+    return 1 if failed else 0
 
 
 def comparisons(records: list[dict], pairs: list[str]) -> list[str]:
@@ -563,7 +607,12 @@ def main(argv: list[str] | None = None) -> int:
                           "of them the logs cover), not from the tasks the logs hold")
     rep.add_argument("--compare", action="store_true",
                      help="two runs A B: the verdicts that changed, the speedups that moved "
-                          "beyond their 90%% intervals, the items new in B and those removed")
+                          "beyond their 90%% intervals, the items new in B and those removed; "
+                          "exit status 1 where a pass of A is anything else in B")
+    rep.add_argument("--fail-on", metavar="slower:P%",
+                     help="with --compare: also exit 1 where a speedup of B fell by more than "
+                          "P%% of A's and beyond both 90%% intervals (a pass that became "
+                          "anything else always does)")
     rep.add_argument("--label", action="append", metavar="NAME",
                      help="a name for each run, in their order: a model's entries of two runs "
                           "stay apart as 'model [NAME]' (with --compare: A's, then B's)")

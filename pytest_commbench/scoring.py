@@ -421,3 +421,16 @@ def compare(a: Iterable[dict], b: Iterable[dict]) -> Comparison:
             steady += 1
     return Comparison(verdicts, moved, steady, sorted(set(rb) - set(ra)),
                       sorted(set(ra) - set(rb)))
+
+
+def worse(cmp: Comparison) -> list[tuple[str, str, str]]:
+    """The verdict changes from a pass to anything else: what fails a comparison."""
+    return [(item, x, y) for item, x, y in cmp.verdicts if x == Verdict.PASS]
+
+
+def slower(cmp: Comparison, fraction: float) -> list[tuple[str, float, list[float], float,
+                                                           list[float], str]]:
+    """Passes in both whose speedup fell by more than `fraction` of A's and beyond both 90%
+    intervals (pytest-benchmark's compare-fail, with the noise the records measured: a drop
+    inside the intervals, or of a speedup without one, is no evidence)."""
+    return [m for m in cmp.moved if m[5] == "slower" and m[3] < m[1] * (1 - fraction)]

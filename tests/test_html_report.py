@@ -245,10 +245,15 @@ def _edited_copy(src: Path, a: Path, dst: Path) -> dict:
 def test_a_comparison_lists_exactly_the_changes_made_between_two_runs(tmp_path, capsys):
     a, b = tmp_path / "atlas-a.jsonl", tmp_path / "atlas-b.jsonl"
     made = _edited_copy(FIXTURES / "h200" / "atlas.jsonl", a, b)
+    # a pass became a wrong answer: the comparison fails, naming it
     assert main(["report", str(a), str(b), "--compare", "--label", "before", "--label",
-                 "after", "--out", str(tmp_path / "out")]) == 0
+                 "after", "--out", str(tmp_path / "out")]) == 1
     text = (tmp_path / "out" / "compare.md").read_text()
-    assert capsys.readouterr().out.startswith(text.rstrip("\n"))
+    printed = capsys.readouterr()
+    assert printed.out.startswith(text.rstrip("\n"))
+    (flipped,) = [k for k, (x, _) in made["verdicts"].items() if x == "pass"]
+    assert printed.err.splitlines() == [f"commbench report --compare: worse: {flipped}: pass "
+                                        "in before, wrong_answer in after"]
     from pytest_commbench.results import load
     from pytest_commbench.scoring import compare
 
@@ -259,6 +264,58 @@ def test_a_comparison_lists_exactly_the_changes_made_between_two_runs(tmp_path, 
     for item in [*made["verdicts"], *made["moved"], *made["removed"], *made["new"]]:
         assert item in text
     assert "2 verdict changes, 1 speedups moved" in text
+
+
+def _pair(tmp_path: Path, b_of: dict) -> tuple[Path, Path]:
+    """Run A: three passing items with known speedups and intervals; run B: A with each
+    item's (speedup, interval) replaced as `b_of` says."""
+    base = {"event": "result", "model": "m", "kind": "solution", "category": "p2p",
+            "library": "mpi", "difficulty": "easy", "setup": "bare-metal", "world": 2,
+            "verdict": "pass", "run": "r"}
+    a_of = {"fell10": (1.0, [0.99, 1.01]), "fell3": (1.0, [0.995, 1.005]),
+            "fell20wide": (1.0, [0.7, 1.3])}
+    paths = []
+    for name, table in (("a", a_of), ("b", {**a_of, **b_of})):
+        lines = [{**base, "nodeid": f"t/{n}::x[np2]", "task": f"t/{n}", "speedup": s,
+                  "speedup_ci90": iv} for n, (s, iv) in table.items()]
+        path = tmp_path / f"{name}.jsonl"
+        path.write_text("".join(json.dumps(x) + "\n" for x in lines))
+        paths.append(path)
+    return paths[0], paths[1]
+
+
+def test_fail_on_slower_fails_only_where_a_speedup_fell_past_the_threshold_and_its_intervals(
+        tmp_path):
+    """--fail-on slower:5%: of three speedups that fell (10% beyond the intervals, 3% beyond
+    them, 20% inside wide ones) only the first fails the comparison; without --fail-on, and
+    with no verdict made worse, it exits 0. Run as a user runs it, in a process of its own."""
+    import sys
+
+    a, b = _pair(tmp_path, {"fell10": (0.9, [0.89, 0.91]), "fell3": (0.97, [0.965, 0.975]),
+                            "fell20wide": (0.8, [0.6, 1.0])})
+    cli = [sys.executable, "-m", "pytest_commbench.cli", "report", str(a), str(b), "--compare"]
+    plain = subprocess.run(cli, capture_output=True, text=True, timeout=120)
+    assert plain.returncode == 0, plain.stderr
+    assert "2 speedups moved" in plain.stdout  # fell10 and fell3 moved; fell20wide did not
+    failing = subprocess.run([*cli, "--fail-on", "slower:5%"], capture_output=True,
+                             text=True, timeout=120)
+    assert failing.returncode == 1
+    (line,) = failing.stderr.splitlines()
+    assert line.startswith("commbench report --compare: slower by 10.0% (more than 5%") \
+        and "t/fell10::x[np2]" in line
+    loose = subprocess.run([*cli, "--fail-on", "slower:15%"], capture_output=True, text=True,
+                           timeout=120)
+    assert loose.returncode == 0, loose.stderr
+    for bad in ("faster:5%", "slower:5", "slower:x%", "slower:100%"):
+        refused = subprocess.run([*cli, "--fail-on", bad], capture_output=True, text=True,
+                                 timeout=120)
+        assert refused.returncode == 2, bad
+        assert refused.stderr.startswith(f"commbench report: --fail-on {bad}: "), bad
+
+
+def test_fail_on_is_refused_without_compare(capsys):
+    assert main(["report", str(H200[0]), "--fail-on", "slower:5%"]) == 2
+    assert "--fail-on goes with --compare" in capsys.readouterr().err
 
 
 def test_compare_takes_two_runs(tmp_path, capsys):
