@@ -21,7 +21,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from .leaderboard import Board, Entry, anatomy_columns, fingerprint_line, leaderboard_rows
+from .leaderboard import (
+    Board,
+    Entry,
+    _dash,
+    anatomy_columns,
+    fingerprint_line,
+    leaderboard_rows,
+)
 from .models.conversation import last_round_reply, sample_folder
 from .report import _num, _pct, model_colours
 from .scoring import FAST_P, outcomes, record_band
@@ -171,7 +178,8 @@ def _leaderboard(board: Board, colours: dict[str, str]) -> str:
             "<th>$/task</th>" + "".join(f"<th>fast_{p:g}</th>" for p in FAST_P) + "</tr>")
     rows = []
     for row, e in zip(leaderboard_rows(board), board.entries):
-        cells = [f'<td class="num">{row["rank"]}</td>', f'<td class="num">{row["tier"]}</td>',
+        cells = [f'<td class="num">{_e(_dash(row["rank"]))}</td>',
+                 f'<td class="num">{_e(_dash(row["tier"]))}</td>',
                  f'<td data-sort="{_e(e.label)}">{_swatch(colours[e.label])}'
                  f'<a href="models/{slug(e.label)}.html">{_e(e.label)}</a></td>',
                  f'<td class="num">{row["tasks"]}</td>', f'<td class="num">{row["passes"]}</td>']
@@ -377,7 +385,9 @@ def model_page(entry: Entry) -> str:
         f'<td class="{_cell_class(r)}">{_e(_short(r))}</td><td>{_e(r.get("message"))[:200]}'
         "</td></tr>" for r in sorted(entry.solutions, key=_item))
     s = entry.scores
-    body = (f"<p>rank {entry.rank}, tier {entry.tier}: Pass Rate {_pct(s.pass_rate)}, "
+    standing = (f"rank {entry.rank}, tier {entry.tier}" if entry.rank is not None
+                else "not ranked (no task judged)")
+    body = (f"<p>{standing}: Pass Rate {_pct(s.pass_rate)}, "
             f"GM-Speedup {_num(s.gm_speedup)}, Pass x GM {_num(s.pass_x_gm)} over "
             f"{s.applicable} tasks</p><h2>Failure anatomy</h2>"
             + _anatomy_table([entry], "model-anatomy")

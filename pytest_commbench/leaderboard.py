@@ -159,6 +159,31 @@ def split_changed(records: list[dict], changed: dict) -> list[dict]:
             for r in records]
 
 
+def runs_judging_the_same_items(records: list[dict]) -> list[str]:
+    """A line per pair of runs that would make one entry (one model, configuration and label)
+    and judged an item both: pooled, the later record of each item would silently replace
+    the other's. Runs of disjoint items (a suite run in parts) pool; records naming no run
+    (older logs) are not compared."""
+    items: dict[tuple, dict[str, set[str]]] = {}
+    for r in records:
+        if r.get("run"):
+            key = (str(r.get("model", "?")), *_config(r))
+            item = f"{r.get('nodeid')} {r.get('candidate') or ''}".strip()
+            items.setdefault(key, {}).setdefault(str(r["run"]), set()).add(item)
+    lines = []
+    for key, by_run in items.items():
+        names = sorted(by_run)
+        for i, a in enumerate(names):
+            for b in names[i + 1:]:
+                shared = by_run[a] & by_run[b]
+                if shared:
+                    label = f" [{key[4]}]" if key[4] else ""
+                    lines.append(f"  model {key[0]}{label}: runs {a} and {b} both judged "
+                                 f"{len(shared)} item{'s' * (len(shared) > 1)} (e.g. "
+                                 f"{min(shared)})")
+    return lines
+
+
 def split(records: list[dict]) -> list[tuple[str, dict, list[dict]]]:
     """(label, fingerprint, records) per fingerprint group."""
     return [(fingerprint_label(fp), fp, recs) for fp, recs in fingerprints(records)]
@@ -178,8 +203,8 @@ class Entry:
     refine_rounds: int | None = None
     budget_usd: float | None = None
     agent: str | None = None  # agent mode's configuration (None: direct prompting)
-    rank: int = 0
-    tier: int = 0
+    rank: int | None = 0  # None: not ranked (no task judged)
+    tier: int | None = 0
 
     @property
     def solutions(self) -> list[dict]:
@@ -291,13 +316,19 @@ def build(records: Iterable[dict], models_file: Path | None = None,
                 refine_rounds=rounds, budget_usd=budget, agent=agent))
     unranked = [e for e in entries if not e.solutions]
     entries = [e for e in entries if e.solutions]
-    entries.sort(key=lambda e: (e.scores.pass_x_gm is None, -(e.scores.pass_x_gm or 0),
-                                -(e.scores.pass_rate or 0), e.label))
+    # a model of no judged task (every item skipped or an infra error) is listed, last,
+    # and never ranked: a Pass Rate of nothing is no 0% and no tier
+    entries.sort(key=lambda e: (not e.scores.applicable, e.scores.pass_x_gm is None,
+                                -(e.scores.pass_x_gm or 0), -(e.scores.pass_rate or 0),
+                                e.label))
+    ranked = [e for e in entries if e.scores.applicable]
     tier = 1
-    for i, e in enumerate(entries):
-        if i and separated(entries[i - 1], e):
+    for i, e in enumerate(ranked):
+        if i and separated(ranked[i - 1], e):
             tier += 1
         e.rank, e.tier = i + 1, tier
+    for e in entries[len(ranked):]:
+        e.rank = e.tier = None
     if suite is not None and fp.get("platform"):
         suite = [t for t in suite if fp["platform"] in t.get("platforms", (fp["platform"],))]
     return Board(entries, fp, unranked, suite)
@@ -497,6 +528,10 @@ def _with(x: float | None, iv: list[float] | None, pct: bool) -> str:
     return f(x) + (f" [{f(iv[0])}, {f(iv[1])}]" if iv else "")
 
 
+def _dash(x: Any) -> Any:
+    return "-" if x is None else x
+
+
 def _yes(x: bool | None) -> str:
     return {True: "yes", False: "no", None: "-"}[x]
 
@@ -530,7 +565,7 @@ def tables(board: Board) -> list[Table]:
         "Table 2: leaderboard (ranked by Pass x GM, the quality-weighted pass rate)",
         ["#", "tier", "model", "Pass x GM", "Pass Rate", "PASS+Good", "GM-Speedup", "tasks",
          "open weights", "$/task"],
-        [[r["rank"], r["tier"], r["label"],
+        [[_dash(r["rank"]), _dash(r["tier"]), r["label"],
           _with(r["pass_x_gm"], _iv(r, "pass_x_gm"), False),
           _with(r["pass_rate"], _iv(r, "pass_rate"), True),
           _with(r["pass_good"], _iv(r, "pass_good"), True),
