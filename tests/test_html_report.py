@@ -107,10 +107,11 @@ def site(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("html")
     replies = root / "replies"
     folder = replies / "atlas" / TASK / "s0"
+    # atlas answered once (rounds 1): its kept replies also hold a round 2 of another run
     (folder / "r1").mkdir(parents=True)
-    (folder / "r1" / "reply.md").write_text("an earlier round\n")
+    (folder / "r1" / "reply.md").write_text(REPLY)
     (folder / "r2").mkdir()
-    (folder / "r2" / "reply.md").write_text(REPLY)
+    (folder / "r2" / "reply.md").write_text("a later round of another run\n")
     out = root / "site"
     assert main(["report", *map(str, H200), "--models-file", str(FIXTURES / "models.toml"),
                  "--html", str(out), "--replies", str(replies)]) == 0
@@ -161,15 +162,59 @@ def test_the_matrix_links_each_item_to_its_task_page_with_every_models_evidence(
     assert "verdict pass" in atlas["text"] and "speedup" in atlas["text"]
 
 
-def test_the_reply_of_the_last_round_is_highlighted_and_escaped(site):
+def test_the_reply_judged_is_highlighted_and_escaped(site):
     text = (site / "tasks" / "collective_cupy_nccl_allgather.html").read_text()
     dom = Dom(text)
     highlighted = [d for d in dom.find("div") if d["attrs"].get("class") == "highlight"]
     assert highlighted and "comm.allGather" in highlighted[0]["text"]
-    assert "an earlier round" not in text  # the last round's reply, not the first's
+    # the reply of the round that was scored, not a later one the replies folder holds
+    assert "a later round of another run" not in text and "reply (r1, the answer judged)" in text
     # nothing of the reply becomes markup: its </pre><script> is text
     assert [s for s in dom.find("script")] == dom.find("script")[-1:]  # the page's own only
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in text
+
+
+def test_a_task_page_shows_the_scored_rounds_reply_its_history_tokens_cost_and_endpoint(
+        tmp_path):
+    """Three rounds: a pass at 0.9, a slower pass, a wrong answer. Refinement scored round 1
+    (its fastest pass): the page shows round 1's reply, every round's verdict and speedup,
+    the tokens and cost, when it ended and the endpoint the requests went to; a record of no
+    price says its cost is unknown."""
+    from pytest_commbench import htmlreport, leaderboard
+
+    base = {"event": "result", "kind": "solution", "category": "p2p", "library": "mpi",
+            "difficulty": "easy", "setup": "bare-metal", "world": 2, "task": "p2p/pingpong",
+            "candidate": "", "run": "r1", "seed": 5}
+    refined = {**base, "model": "kimi", "nodeid": "k", "verdict": "pass", "speedup": 0.9,
+               "rounds": 3, "round": 1, "refine_rounds": 3, "tokens_in": 12345,
+               "tokens_out": 678, "cost": 0.0123, "price_source": {"source": "models file"},
+               "finished": "2026-12-01T10:00:00+0000",
+               "requests": [{"endpoint": "http://127.0.0.1:8000/v1", "model": "kimi-k2"}],
+               "round_history": [
+                   {"round": 1, "verdict": "pass", "speedup": 0.9, "message": ""},
+                   {"round": 2, "verdict": "pass", "speedup": 0.85, "message": ""},
+                   {"round": 3, "verdict": "wrong_answer", "speedup": None,
+                    "message": "element 3 differs"}]}
+    unpriced = {**base, "model": "local", "nodeid": "l", "verdict": "wrong_answer",
+                "cost": 0.0, "tokens_in": 10, "tokens_out": 5}
+    replies = tmp_path / "replies"
+    for n, text in ((1, "FIRST ROUND"), (2, "SECOND ROUND"), (3, "THIRD ROUND")):
+        (replies / "kimi" / "p2p/pingpong" / "s0" / f"r{n}").mkdir(parents=True)
+        (replies / "kimi" / "p2p/pingpong" / "s0" / f"r{n}" / "reply.md").write_text(text)
+    board = leaderboard.build([refined, unpriced])
+    html = htmlreport.task_page("p2p/pingpong", board, lambda r: replies)
+    assert "FIRST ROUND" in html and "SECOND ROUND" not in html and "THIRD ROUND" not in html
+    dom = Dom(html)
+    (table,) = [t for t in dom.find("table") if t["attrs"].get("class") == "rounds"]
+    rows = [[c["text"].strip() for c in tr["children"]] for body in table["children"]
+            if body["tag"] == "tbody" for tr in body["children"]]
+    assert rows == [["1", "pass", "0.900", ""], ["2", "pass", "0.850", ""],
+                    ["3", "wrong_answer", "-", "element 3 differs"]]
+    asked = [p["text"] for p in dom.find("p") if p["attrs"].get("class") == "asked"]
+    assert asked[0] == ("tokens 12,345 in / 678 out \u00b7 cost $0.0123 \u00b7 finished "
+                        "2026-12-01T10:00:00+0000 \u00b7 endpoint http://127.0.0.1:8000/v1 "
+                        "(model id kimi-k2)")
+    assert asked[1] == "tokens 10 in / 5 out \u00b7 cost unknown"
 
 
 def test_a_page_per_model_lists_every_item_it_was_judged_on(site):
