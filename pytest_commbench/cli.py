@@ -1,7 +1,9 @@
 """`commbench`: aggregate results logs into leaderboards, and list tasks.
 
     commbench report .commbench/runs/<run>/results.jsonl [more logs ...]
-    commbench report .commbench/runs            (the newest run in that folder)
+    commbench report .commbench/runs            (per model: its fullest, newest run)
+    commbench runs [.commbench/runs]            (every run: model, date, items, passes, seed)
+    commbench label RUN NAME                    (a run's label, kept in its run.json)
     commbench report RUN... --out DIR           (leaderboard: report.md, CSV, JSON, figures)
     commbench markdown RUN --section NAME --title TITLE --command CMD [--out BENCHMARKS.md]
     commbench compile [suites] [--references DIR] [--platform h200]
@@ -18,6 +20,7 @@ from pathlib import Path
 
 from tabulate import tabulate
 
+from . import runs
 from .report import render
 from .results import load, merge
 from .tasks import load_suite
@@ -31,6 +34,74 @@ def _logs(path: Path) -> list[Path]:
         return [direct]
     runs = sorted(path.glob("*/results.jsonl"), key=lambda p: p.stat().st_mtime)
     return runs[-1:] if runs else []
+
+
+def _report_logs(path: Path, args: argparse.Namespace) -> list[Path]:
+    """The logs a report reads for a path; a runs folder's runs as `runs.pick` takes them
+    (those of --model and --run-label only), each run left out said in one line."""
+    if path.is_file() or runs.is_run(path):
+        return _logs(path)
+    found = [r for r in runs.runs_in(path) if _run_wanted(r, args)]
+    chosen, notes = runs.pick(found)
+    for note in notes:
+        print(f"commbench report: {note}", file=sys.stderr)
+    return [r.log for r in chosen]
+
+
+def _run_wanted(run: runs.Run, args: argparse.Namespace) -> bool:
+    return (not args.model or bool(set(run.models) & set(args.model))) and \
+        (not args.run_label or run.label in args.run_label)
+
+
+def _wanted(record: dict, args: argparse.Namespace) -> bool:
+    """Whether a record is of the models and run labels the report was asked for."""
+    return (not args.model or str(record.get("model")) in args.model) and \
+        (not args.run_label or record.get("run_label") in args.run_label)
+
+
+def _wanted_text(args: argparse.Namespace) -> str:
+    parts = ([f"model {' or '.join(args.model)}"] if args.model else []) + \
+        ([f"label {' or '.join(args.run_label)}"] if args.run_label else [])
+    return " with ".join(parts)
+
+
+def cmd_runs(args: argparse.Namespace) -> int:
+    """`commbench runs [RUNS_DIR]`: one row per run, newest first, and which of them
+    `commbench report RUNS_DIR` takes."""
+    root = Path(args.runs_dir)
+    if not root.is_dir():
+        print(f"commbench runs: no folder {root}", file=sys.stderr)
+        return 2
+    found = runs.runs_in(root)
+    if not found:
+        print(f"commbench runs: no run in {root} (a run is a folder with a results.jsonl)")
+        return 0
+    taken = {id(r) for r in runs.pick(found)[0]}
+    rows = [[r.folder.name, ", ".join(r.models) or "-", r.label or "-", r.started or "-",
+             r.platform, r.ran, len(r.records) - r.ran, r.passes,
+             "-" if r.seed is None else r.seed, "yes" if id(r) in taken else "-"]
+            for r in found]
+    print(tabulate(rows, headers=["run", "model", "label", "started", "platform", "items ran",
+                                  "skipped", "passes", "seed", "in report"],
+                   disable_numparse=True))
+    print(f"\n`commbench report {root}` takes the runs marked 'in report': per model and "
+          "configuration, the run in which the most items ran (the newest of those); give a "
+          "run's folder to report another")
+    return 0
+
+
+def cmd_label(args: argparse.Namespace) -> int:
+    """`commbench label RUN NAME`: a name for a run, kept in its run.json; reports name its
+    entries by it (two runs of one model stay apart) and `--run-label` picks runs by it."""
+    folder = Path(args.run)
+    if not runs.is_run(folder):
+        print(f"commbench label: {folder} is no run folder (no results.jsonl in it)",
+              file=sys.stderr)
+        return 2
+    runs.set_label(folder, args.name)
+    print(f"commbench label: run {folder.name} " + (f"labelled {args.name!r}" if args.name
+                                                     else "unlabelled"))
+    return 0
 
 
 def _sep(sep: str, title: str) -> None:
@@ -49,20 +120,33 @@ def cmd_report(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return 2
     for index, raw in enumerate(args.paths):
-        logs = _logs(Path(raw))
+        logs = _report_logs(Path(raw), args)
         if not logs:
-            print(f"commbench: no results log at {raw}", file=sys.stderr)
+            print(f"commbench: no results log at {raw}"
+                  + (f" of {_wanted_text(args)}" if args.model or args.run_label else ""),
+                  file=sys.stderr)
             return 2
         for log in logs:
             loaded = load(log)
-            records += loaded
+            # a run labelled with `commbench label`: its entries are named by it
+            kept = runs.read_info(log.parent).get("label") if log.name == runs.LOG else None
             # a log in a runs folder (<runs>/<run>/results.jsonl): its replies beside it
             for r in loaded:
                 reply_roots.setdefault(str(r.get("run")), log.parent.parent / "replies")
                 if labels and not args.compare:  # the run's entries are named by its label
                     r["run_label"] = labels[index]
+                elif kept:
+                    r["run_label"] = kept
+            records += [r for r in loaded if _wanted(r, args)]
     if args.compare:
         return _compare(args)
+    if (args.model or args.run_label) and not records:
+        print(f"commbench report: no run of {_wanted_text(args)} in {' '.join(args.paths)}",
+              file=sys.stderr)
+        return 1
+    if args.fail_on:
+        print("commbench report: --fail-on goes with --compare A B", file=sys.stderr)
+        return 2
     if not records:
         print(f"commbench report: no item's record in {' '.join(args.paths)} (an empty log, "
               "or every line skipped as said above): nothing to report", file=sys.stderr)
@@ -77,6 +161,13 @@ def cmd_report(args: argparse.Namespace) -> int:
         return 2
     if changed:
         records = leaderboard.split_changed(records, changed)
+    twice = leaderboard.runs_judging_the_same_items(records)
+    if twice:
+        print("commbench report: one model's entry would pool runs that judged the same "
+              "items, and one would silently replace the other:\n" + "\n".join(twice)
+              + "\nreport one of them, or label them apart (--label per run, or "
+              "`commbench label RUN NAME`)", file=sys.stderr)
+        return 2
     groups = leaderboard.split(records)
     if len(groups) > 1 and not args.by_fingerprint:
         try:
@@ -154,17 +245,58 @@ def _compare(args: argparse.Namespace) -> int:
         print("commbench report: give --label twice (one for each run) or not at all",
               file=sys.stderr)
         return 2
+    try:
+        threshold = fail_on(args.fail_on)
+    except ValueError as exc:
+        print(f"commbench report: --fail-on {args.fail_on}: {exc}", file=sys.stderr)
+        return 2
     runs = []
     for raw in args.paths:
         runs.append([r for log in _logs(Path(raw)) for r in load(log)])
     a, b = labels or [str(p) for p in args.paths]
-    text = comparison_markdown(compare(*runs), a, b)
+    cmp = compare(*runs)
+    text = comparison_markdown(cmp, a, b)
     print(text)
     if args.out:
         Path(args.out).mkdir(parents=True, exist_ok=True)
         (Path(args.out) / "compare.md").write_text(text + "\n")
         print(f"commbench: wrote {Path(args.out) / 'compare.md'}")
-    return 0
+    return _compare_status(cmp, threshold, a, b)
+
+
+def fail_on(text: str | None) -> float | None:
+    """`slower:P%` as the fraction P/100 (None: no speed threshold given)."""
+    if text is None:
+        return None
+    kind, _, amount = text.partition(":")
+    if kind != "slower" or not amount.endswith("%"):
+        raise ValueError("expected slower:P% (e.g. slower:5%)")
+    try:
+        value = float(amount[:-1])
+    except ValueError:
+        raise ValueError(f"{amount!r} is no percentage") from None
+    if not 0 <= value < 100:
+        raise ValueError("the percentage must be at least 0 and below 100")
+    return value / 100
+
+
+def _compare_status(cmp, threshold: float | None, a: str, b: str) -> int:
+    """1 where a pass of A is anything else in B, or (given a threshold) a speedup fell by
+    more than it and beyond both intervals; each cause named on stderr. 0 otherwise."""
+    from .scoring import slower, worse
+
+    failed = False
+    for item, x, y in worse(cmp):
+        print(f"commbench report --compare: worse: {item}: {x} in {a}, {y} in {b}",
+              file=sys.stderr)
+        failed = True
+    for item, sx, ix, sy, iy, _ in (slower(cmp, threshold) if threshold is not None else []):
+        print(f"commbench report --compare: slower by {100 * (1 - sy / sx):.1f}% (more than "
+              f"{100 * threshold:g}%, beyond the 90% intervals): {item}: {sx:.3f} "
+              f"[{ix[0]:.3f}, {ix[1]:.3f}] in {a}, {sy:.3f} [{iy[0]:.3f}, {iy[1]:.3f}] in {b}",
+              file=sys.stderr)
+        failed = True
+    return 1 if failed else 0
 
 
 def comparisons(records: list[dict], pairs: list[str]) -> list[str]:
@@ -547,7 +679,9 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     rep = sub.add_parser("report", help="scores and tables from results logs")
     rep.add_argument("paths", nargs="+", help="results.jsonl files, run folders or runs folders "
-                                              "(a runs folder: its newest run)")
+                                              "(a runs folder: per model and configuration, "
+                                              "the run in which the most items ran, the "
+                                              "newest of those; `commbench runs` lists them)")
     rep.add_argument("--out", metavar="DIR",
                      help="write report.md, leaderboard.csv, leaderboard.json and the figures "
                           "(PNGs, with the 'plots' extra) into DIR")
@@ -563,10 +697,20 @@ def main(argv: list[str] | None = None) -> int:
                           "of them the logs cover), not from the tasks the logs hold")
     rep.add_argument("--compare", action="store_true",
                      help="two runs A B: the verdicts that changed, the speedups that moved "
-                          "beyond their 90%% intervals, the items new in B and those removed")
+                          "beyond their 90%% intervals, the items new in B and those removed; "
+                          "exit status 1 where a pass of A is anything else in B")
+    rep.add_argument("--fail-on", metavar="slower:P%",
+                     help="with --compare: also exit 1 where a speedup of B fell by more than "
+                          "P%% of A's and beyond both 90%% intervals (a pass that became "
+                          "anything else always does)")
     rep.add_argument("--label", action="append", metavar="NAME",
                      help="a name for each run, in their order: a model's entries of two runs "
                           "stay apart as 'model [NAME]' (with --compare: A's, then B's)")
+    rep.add_argument("--model", action="append", metavar="NAME",
+                     help="only the records of this model (repeatable); in a runs folder, "
+                          "only its runs")
+    rep.add_argument("--run-label", action="append", metavar="LABEL",
+                     help="only the runs labelled LABEL (`commbench label`; repeatable)")
     rep.add_argument("--split-changed", action="store_true",
                      help="runs that judged different versions of a task (its hash differs): "
                           "each version as a task of its own instead of refusing to pool them")
@@ -579,6 +723,15 @@ def main(argv: list[str] | None = None) -> int:
                      help="also write the leaderboard table into FILE between "
                           "<!-- commbench:leaderboard --> markers")
     rep.set_defaults(func=cmd_report)
+    rns = sub.add_parser("runs", help="list the runs of a runs folder, newest first")
+    rns.add_argument("runs_dir", nargs="?", default=".commbench/runs", metavar="RUNS_DIR",
+                     help="a runs folder (default: .commbench/runs)")
+    rns.set_defaults(func=cmd_runs)
+    lbl = sub.add_parser("label", help="name a run (kept in its run.json): reports show and "
+                                       "pick runs by it")
+    lbl.add_argument("run", help="a run folder (<runs>/<run>)")
+    lbl.add_argument("name", help="the label ('' removes it)")
+    lbl.set_defaults(func=cmd_label)
     md = sub.add_parser("markdown", help="write a run's figures into a section of BENCHMARKS.md")
     md.add_argument("run", nargs="+",
                     help="results.jsonl, a run folder or a runs folder (newest run); several "

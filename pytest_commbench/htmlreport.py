@@ -8,8 +8,9 @@ script, nothing is fetched. Pages:
   with its intervals (one colour per model, the same on every page), the task x model matrix
   coloured by verdict and band, and each model's failure anatomy;
 - `tasks/<task>.html`: per model and world size, the verdict, its message and evidence, the
-  speedup with its interval, the per-size figures, the run's fingerprint, and the reply
-  (highlighted with Pygments);
+  speedup with its interval, the per-size figures, the rounds (verdict and speedup of each),
+  tokens, cost, date and the endpoint asked, the run's fingerprint, and the reply judged
+  (the scored round's, highlighted with Pygments);
 - `models/<model>.html`: the model's failure anatomy and every item it was judged on.
 """
 
@@ -21,10 +22,17 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from .leaderboard import Board, Entry, anatomy_columns, fingerprint_line, leaderboard_rows
-from .models.conversation import last_round_reply, sample_folder
-from .report import _num, _pct, model_colours
-from .scoring import outcomes, record_band
+from .leaderboard import (
+    Board,
+    Entry,
+    _dash,
+    anatomy_columns,
+    fingerprint_line,
+    leaderboard_rows,
+)
+from .models.conversation import sample_folder
+from .report import _num, _pct, model_colours, money
+from .scoring import FAST_P, cost_known, outcomes, record_band
 
 STYLE = """
 body { font: 14px/1.45 system-ui, sans-serif; margin: 1.5em auto; max-width: 78em;
@@ -120,15 +128,37 @@ def _item(r: dict) -> str:
 
 # -- the reply ----------------------------------------------------------------------------------
 
+def scored_round(r: dict) -> int:
+    """The round whose answer a record's verdict and speedup are: as refinement keeps it, the
+    fastest passing round (the first of equals), else the last; a record of no history had
+    one round. The kept replies may hold later rounds (another run's, with more rounds)."""
+    history = [h for h in r.get("round_history") or [] if isinstance(h.get("round"), int)]
+    if not history:
+        return 1
+    best = None
+    for h in history:
+        if h.get("verdict") == "pass" and (best is None or (h.get("speedup") or 0)
+                                           > (best.get("speedup") or 0)):
+            best = h
+    return int((best or history[-1])["round"])
+
+
 def reply_path(r: dict, replies: Callable[[dict], Path | None]) -> Path | None:
-    """The kept reply of a record's last round."""
+    """The kept reply a record was judged on: its scored round's (an agent run's: the step
+    it stands by)."""
     root = replies(r)
     if root is None or not r.get("task"):
         return None
     cand = str(r.get("candidate") or "")
     sample = int(cand[1:]) if re.fullmatch(r"s\d+", cand) else 0
     model = str(r.get("model", "")) + ("+hints" if r.get("hints") else "")
-    return last_round_reply(sample_folder(root, model, str(r["task"]), sample))
+    folder = sample_folder(root, model, str(r["task"]), sample)
+    if r.get("agent"):
+        from .agent import standing_answer
+
+        return standing_answer(folder / str(r["agent"]))
+    path = folder / f"r{scored_round(r)}" / "reply.md"
+    return path if path.is_file() else None
 
 
 def highlight_reply(text: str) -> str:
@@ -168,10 +198,11 @@ def _swatch(colour: str) -> str:
 def _leaderboard(board: Board, colours: dict[str, str]) -> str:
     head = ("<tr><th>rank</th><th>tier</th><th>model</th><th>tasks</th><th>pass</th>"
             "<th>Pass Rate</th><th>PASS+Good</th><th>GM-Speedup</th><th>Pass x GM</th>"
-            "<th>$/task</th></tr>")
+            "<th>$/task</th>" + "".join(f"<th>fast_{p:g}</th>" for p in FAST_P) + "</tr>")
     rows = []
     for row, e in zip(leaderboard_rows(board), board.entries):
-        cells = [f'<td class="num">{row["rank"]}</td>', f'<td class="num">{row["tier"]}</td>',
+        cells = [f'<td class="num">{_e(_dash(row["rank"]))}</td>',
+                 f'<td class="num">{_e(_dash(row["tier"]))}</td>',
                  f'<td data-sort="{_e(e.label)}">{_swatch(colours[e.label])}'
                  f'<a href="models/{slug(e.label)}.html">{_e(e.label)}</a></td>',
                  f'<td class="num">{row["tasks"]}</td>', f'<td class="num">{row["passes"]}</td>']
@@ -184,6 +215,10 @@ def _leaderboard(board: Board, colours: dict[str, str]) -> str:
         price = row.get("price")
         cells.append(f'<td class="num" data-sort="{-1 if price is None else price}">'
                      f'{"-" if price is None else f"{price:.4f}"}</td>')
+        for p in FAST_P:
+            value = row[f"fast_{p:g}"]
+            cells.append(f'<td class="num" data-sort="{-1 if value is None else value}">'
+                         f'{_pct(value)}</td>')
         rows.append("<tr>" + "".join(cells) + "</tr>")
     return (f'<table class="sortable" id="leaderboard"><thead>{head}</thead><tbody>'
             + "".join(rows) + "</tbody></table>")
@@ -283,7 +318,8 @@ def index_page(board: Board, command: str = "") -> str:
         body.append(f"<p class=\"muted\">{_e(command)}</p>")
     body += ["<h2>Leaderboard</h2>",
              "<p>Ranked by Pass x GM; 90% intervals in brackets; a tier changes where "
-             "adjacent intervals separate. Click a column to sort.</p>",
+             "adjacent intervals separate; fast_p: the share of the tasks that pass with a "
+             "speedup above p. Click a column to sort.</p>",
              _leaderboard(board, colours),
              "<h2>Pass x GM</h2>", _figure(board, colours),
              "<h2>Tasks x models</h2>",
@@ -324,6 +360,8 @@ def _evidence(r: dict, replies: Callable[[dict], Path | None], board_fp: dict) -
     if r.get("rounds") and r.get("round_history"):
         parts.append(f" &middot; passed in round {_e(r.get('round'))}" if r.get("round")
                      else f" &middot; {len(r['round_history'])} rounds")
+        if r.get("round") and scored_round(r) != r["round"]:
+            parts.append(f" &middot; judged: round {scored_round(r)} (its fastest pass)")
     parts.append("</p>")
     if r.get("message"):
         parts.append(f"<p>{_e(r['message'])}</p>")
@@ -332,15 +370,57 @@ def _evidence(r: dict, replies: Callable[[dict], Path | None], board_fp: dict) -
     if r.get("output"):
         parts.append(f"<details><summary>output</summary><pre>{_e(r['output'])}</pre></details>")
     parts.append(_sizes_table(r.get("sizes") or []))
+    parts.append(_history_table(r))
+    parts.append(_asked(r))
     fp = r.get("fingerprint")
     parts.append(f'<p class="muted">run {_e(r.get("run"))}, seed {_e(r.get("seed"))}'
                  + (f": {_e(fingerprint_line(fp))}" if fp and fp != board_fp else "") + "</p>")
     path = reply_path(r, replies)
     if path is not None:
         text = path.read_text(errors="replace")
-        parts.append(f'<details class="reply" open><summary>reply ({_e(path.parent.name)})'
-                     f"</summary>{highlight_reply(text)}</details>")
+        parts.append(f'<details class="reply" open><summary>reply ({_e(path.parent.name)}, '
+                     f"the answer judged)</summary>{highlight_reply(text)}</details>")
     return "".join(parts)
+
+
+def _history_table(r: dict) -> str:
+    """Each refinement round (or agent iteration) with its verdict and speedup."""
+    history = r.get("round_history") or []
+    if not history:
+        return ""
+    agent = bool(r.get("agent"))
+    head = ("<tr><th>" + ("iteration" if agent else "round") + "</th>"
+            + ("<th>step</th>" if agent else "") + "<th>verdict</th><th>speedup</th>"
+            "<th>message</th></tr>")
+    rows = "".join(
+        f'<tr><td class="num">{_e(h.get("round"))}</td>'
+        + (f"<td>{_e(h.get('role'))}</td>" if agent else "")
+        + f'<td class="v-{slug(str(h.get("verdict") or "aborted"))}">{_e(h.get("verdict"))}'
+        f'</td><td class="num">{_num(h.get("speedup"))}</td>'
+        f'<td>{_e(str(h.get("message") or "")[:200])}</td></tr>' for h in history)
+    return f'<table class="rounds"><thead>{head}</thead><tbody>{rows}</tbody></table>'
+
+
+def _asked(r: dict) -> str:
+    """What answering cost and where it was asked: tokens, cost (unknown where no price was
+    had), when the item ended, and the endpoints its requests went to (a registry name
+    pointed at another server shows that server)."""
+    facts = []
+    if r.get("tokens_in") or r.get("tokens_out"):
+        facts.append(f"tokens {int(r.get('tokens_in') or 0):,} in / "
+                     f"{int(r.get('tokens_out') or 0):,} out")
+    facts.append(f"cost {money(r.get('cost') if cost_known(r) else None)}"
+                 + (" (replayed: kept from an earlier request)" if r.get("replayed") else ""))
+    when = r.get("finished") or r.get("started")
+    if when:
+        facts.append(f"{'finished' if r.get('finished') else 'started'} {when}")
+    requests = [q for q in r.get("requests") or [] if isinstance(q, dict)]
+    endpoints = sorted({str(q["endpoint"]) for q in requests if q.get("endpoint")})
+    if endpoints:
+        models = sorted({str(q["model"]) for q in requests if q.get("model")})
+        facts.append(f"endpoint {', '.join(endpoints)}"
+                     + (f" (model id {', '.join(models)})" if models else ""))
+    return f'<p class="asked">{" &middot; ".join(_e(f) for f in facts)}</p>'
 
 
 def task_page(task: str, board: Board, replies: Callable[[dict], Path | None]) -> str:
@@ -372,7 +452,9 @@ def model_page(entry: Entry) -> str:
         f'<td class="{_cell_class(r)}">{_e(_short(r))}</td><td>{_e(r.get("message"))[:200]}'
         "</td></tr>" for r in sorted(entry.solutions, key=_item))
     s = entry.scores
-    body = (f"<p>rank {entry.rank}, tier {entry.tier}: Pass Rate {_pct(s.pass_rate)}, "
+    standing = (f"rank {entry.rank}, tier {entry.tier}" if entry.rank is not None
+                else "not ranked (no task judged)")
+    body = (f"<p>{standing}: Pass Rate {_pct(s.pass_rate)}, "
             f"GM-Speedup {_num(s.gm_speedup)}, Pass x GM {_num(s.pass_x_gm)} over "
             f"{s.applicable} tasks</p><h2>Failure anatomy</h2>"
             + _anatomy_table([entry], "model-anatomy")

@@ -14,7 +14,7 @@ from . import __version__
 from .engine import ItemResult, Settings, refine
 from .models.conversation import ITEM
 from .results import cap, entries
-from .scoring import record_band
+from .scoring import cost_known, record_band
 from .session import STATE
 from .tasks import MANIFEST, ManifestError, Task, load_task, task_hash
 from .verdicts import Verdict
@@ -272,7 +272,8 @@ def junit_properties(record: dict[str, Any]) -> list[tuple[str, Any]]:
         ("commbench.world_size", record["world"]),
         ("commbench.tokens_in", record.get("tokens_in", 0)),
         ("commbench.tokens_out", record.get("tokens_out", 0)),
-        ("commbench.cost_usd", round(record.get("cost") or 0.0, 6)),
+        ("commbench.cost_usd", round(record.get("cost") or 0.0, 6) if cost_known(record)
+         else "unknown"),
         ("commbench.version", record.get("commbench_version", "")),
         ("commbench.task_hash", record.get("task_hash", "")),
     ]

@@ -37,6 +37,7 @@ from .report import WriteLine, WriteSep
 from .results import merge
 from .scoring import (
     BAND_ORDER,
+    FAST_P,
     OUTCOMES,
     UNTIMED,
     Intervals,
@@ -61,9 +62,10 @@ COLUMNS = ("rank", "tier", "model", "label", "tasks", "passes", "good", "not_app
            "pass_x_gm", "pass_x_gm_lo", "pass_x_gm_hi", "pass_rate", "pass_rate_lo",
            "pass_rate_hi", "pass_good", "pass_good_lo", "pass_good_hi", "gm_speedup",
            "gm_speedup_lo", "gm_speedup_hi", "open_weights", "price", "paper_price",
-           "refine_rounds", "budget_usd", "runs")
+           "refine_rounds", "budget_usd", "runs", *(f"fast_{p:g}" for p in FAST_P))
 INTS = {"rank", "tier", "tasks", "passes", "good", "not_applicable", "refine_rounds"}
-FLOATS = {c for c in COLUMNS if c.startswith(METRICS)} | {"price", "paper_price", "budget_usd"}
+FLOATS = {c for c in COLUMNS if c.startswith(METRICS + ("fast_",))} | {
+    "price", "paper_price", "budget_usd"}
 
 
 # -- fingerprints ---------------------------------------------------------------------------
@@ -157,6 +159,31 @@ def split_changed(records: list[dict], changed: dict) -> list[dict]:
             for r in records]
 
 
+def runs_judging_the_same_items(records: list[dict]) -> list[str]:
+    """A line per pair of runs that would make one entry (one model, configuration and label)
+    and judged an item both: pooled, the later record of each item would silently replace
+    the other's. Runs of disjoint items (a suite run in parts) pool; records naming no run
+    (older logs) are not compared."""
+    items: dict[tuple, dict[str, set[str]]] = {}
+    for r in records:
+        if r.get("run"):
+            key = (str(r.get("model", "?")), *_config(r))
+            item = f"{r.get('nodeid')} {r.get('candidate') or ''}".strip()
+            items.setdefault(key, {}).setdefault(str(r["run"]), set()).add(item)
+    lines = []
+    for key, by_run in items.items():
+        names = sorted(by_run)
+        for i, a in enumerate(names):
+            for b in names[i + 1:]:
+                shared = by_run[a] & by_run[b]
+                if shared:
+                    label = f" [{key[4]}]" if key[4] else ""
+                    lines.append(f"  model {key[0]}{label}: runs {a} and {b} both judged "
+                                 f"{len(shared)} item{'s' * (len(shared) > 1)} (e.g. "
+                                 f"{min(shared)})")
+    return lines
+
+
 def split(records: list[dict]) -> list[tuple[str, dict, list[dict]]]:
     """(label, fingerprint, records) per fingerprint group."""
     return [(fingerprint_label(fp), fp, recs) for fp, recs in fingerprints(records)]
@@ -176,8 +203,8 @@ class Entry:
     refine_rounds: int | None = None
     budget_usd: float | None = None
     agent: str | None = None  # agent mode's configuration (None: direct prompting)
-    rank: int = 0
-    tier: int = 0
+    rank: int | None = 0  # None: not ranked (no task judged)
+    tier: int | None = 0
 
     @property
     def solutions(self) -> list[dict]:
@@ -194,9 +221,8 @@ class Entry:
 
     @property
     def price(self) -> float | None:
-        """Mean cost per applicable task; None where no answer cost anything (no prices)."""
-        spent = any(float(r.get("cost") or 0) > 0 for r in self.solutions)
-        return self.scores.price if spent else None
+        """Mean cost per applicable task; None where no answer's cost is known (no prices)."""
+        return self.scores.price
 
 
 @dataclass
@@ -290,13 +316,19 @@ def build(records: Iterable[dict], models_file: Path | None = None,
                 refine_rounds=rounds, budget_usd=budget, agent=agent))
     unranked = [e for e in entries if not e.solutions]
     entries = [e for e in entries if e.solutions]
-    entries.sort(key=lambda e: (e.scores.pass_x_gm is None, -(e.scores.pass_x_gm or 0),
-                                -(e.scores.pass_rate or 0), e.label))
+    # a model of no judged task (every item skipped or an infra error) is listed, last,
+    # and never ranked: a Pass Rate of nothing is no 0% and no tier
+    entries.sort(key=lambda e: (not e.scores.applicable, e.scores.pass_x_gm is None,
+                                -(e.scores.pass_x_gm or 0), -(e.scores.pass_rate or 0),
+                                e.label))
+    ranked = [e for e in entries if e.scores.applicable]
     tier = 1
-    for i, e in enumerate(entries):
-        if i and separated(entries[i - 1], e):
+    for i, e in enumerate(ranked):
+        if i and separated(ranked[i - 1], e):
             tier += 1
         e.rank, e.tier = i + 1, tier
+    for e in entries[len(ranked):]:
+        e.rank = e.tier = None
     if suite is not None and fp.get("platform"):
         suite = [t for t in suite if fp["platform"] in t.get("platforms", (fp["platform"],))]
     return Board(entries, fp, unranked, suite)
@@ -344,6 +376,7 @@ def leaderboard_rows(board: Board) -> list[dict[str, Any]]:
         row.update(open_weights=e.open_weights, price=e.price, paper_price=e.paper_price,
                    refine_rounds=e.refine_rounds, budget_usd=e.budget_usd,
                    runs=" ".join(e.runs))
+        row.update({f"fast_{p:g}": v for p, v in s.fast})
         rows.append(row)
     return rows
 
@@ -495,6 +528,10 @@ def _with(x: float | None, iv: list[float] | None, pct: bool) -> str:
     return f(x) + (f" [{f(iv[0])}, {f(iv[1])}]" if iv else "")
 
 
+def _dash(x: Any) -> Any:
+    return "-" if x is None else x
+
+
 def _yes(x: bool | None) -> str:
     return {True: "yes", False: "no", None: "-"}[x]
 
@@ -528,7 +565,7 @@ def tables(board: Board) -> list[Table]:
         "Table 2: leaderboard (ranked by Pass x GM, the quality-weighted pass rate)",
         ["#", "tier", "model", "Pass x GM", "Pass Rate", "PASS+Good", "GM-Speedup", "tasks",
          "open weights", "$/task"],
-        [[r["rank"], r["tier"], r["label"],
+        [[_dash(r["rank"]), _dash(r["tier"]), r["label"],
           _with(r["pass_x_gm"], _iv(r, "pass_x_gm"), False),
           _with(r["pass_rate"], _iv(r, "pass_rate"), True),
           _with(r["pass_good"], _iv(r, "pass_good"), True),
@@ -536,6 +573,11 @@ def tables(board: Board) -> list[Table]:
           f"{r['passes']}/{r['tasks']}", _yes(r["open_weights"]), _money(r["price"])]
          for r in leaderboard_rows(board)],
         note=_tiers_note(board)))
+    out.append(Table(
+        "Table 2b: fast_p (share of the tasks that pass with a speedup above p)",
+        ["model", "tasks", *(f"fast_{p:g}" for p in FAST_P)],
+        [[r["label"], r["tasks"], *(_pct(r[f"fast_{p:g}"]) for p in FAST_P)]
+         for r in leaderboard_rows(board)]))
     by_round = rounds(board)
     if by_round:
         most = max(n for series in by_round.values() for n, _ in series)

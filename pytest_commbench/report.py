@@ -12,9 +12,11 @@ from .scoring import (
     MUTANT_UNJUDGED,
     Comparison,
     Intervals,
+    Scores,
     best_of_samples,
     bootstrap,
     breakdown,
+    cost_known,
     pass_at_ks,
     passes_by_round,
     record_band,
@@ -40,6 +42,19 @@ def _pct(x: float | None) -> str:
 
 def _num(x: float | None, digits: int = 3) -> str:
     return "-" if x is None else f"{x:.{digits}f}"
+
+
+def money(x: float | None) -> str:
+    """Dollars, or "unknown" where no answer's cost is known (not $0: no price was had)."""
+    return "unknown" if x is None else f"${x:.4f}"
+
+
+def fast_line(s: Scores) -> str:
+    """KernelBench's fast_p at each threshold, as one line (empty where nothing was timed)."""
+    if not s.fast or all(v is None for _, v in s.fast):
+        return ""
+    return (f"fast_p (pass with speedup > p, of {s.applicable} tasks): "
+            + "   ".join(f"fast_{p:g} {_pct(v)}" for p, v in s.fast))
 
 
 def _interval(iv: list[float] | None) -> str:
@@ -116,12 +131,13 @@ def agent_lines(records: list[dict]) -> list[str]:
         for role, n in (r.get("agent_calls") or {}).items():
             calls[role] = calls.get(role, 0) + int(n)
     labels = sorted({str(r["agent"]) for r in runs})
-    cost = sum(float(r.get("cost") or 0.0) for r in runs)
+    cost = sum(float(r.get("cost") or 0.0) for r in runs) \
+        if any(cost_known(r) for r in runs) else None
     lines = [f"agent {', '.join(labels)}: {len(runs)} runs, model calls "
              + ", ".join(f"{role} {n}" for role, n in calls.items())
              + f"; restarts {sum(int(r.get('agent_restarts') or 0) for r in runs)}; "
              f"optimizations kept {sum(int(r.get('agent_kept') or 0) for r in runs)}; "
-             f"cost ${cost:.4f} over all steps"]
+             f"cost {money(cost)} over all steps"]
     for r in sorted(runs, key=lambda r: r["nodeid"]):
         steps = []
         for h in r["round_history"]:
@@ -189,9 +205,12 @@ def render(records: list[dict], write_line: WriteLine, write_sep: WriteSep,
             f"PASS+Good {_pct(s.pass_good)} ({s.good}/{s.applicable})   "
             f"GM-Speedup {_num(s.gm_speedup)}{_interval(s.gm_ci90)}   "
             f"Pass x GM {_num(s.pass_x_gm)}{_interval(s.pass_x_gm_ci90)}   "
-            f"Price {'-' if s.price is None else f'${s.price:.4f}'}/task"
+            f"Price {money(s.price)}/task"
             + (f"   ({s.not_applicable} not applicable)" if s.not_applicable else "")
         )
+        fast = fast_line(s)
+        if fast:
+            write_line(fast)
         spread = intervals_line(bootstrap(solutions))
         if spread:
             write_line(spread)

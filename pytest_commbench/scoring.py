@@ -8,6 +8,9 @@
 - Pass Rate = passes / applicable tasks; PASS+Good = passes with s >= 0.95 / applicable
 - GM-Speedup = geometric mean of task speedups over passing tasks with a metric
 - Pass x GM = Pass Rate x GM-Speedup (the ranking metric); Price = mean cost per task
+  (unknown, None, where no answer's cost is known)
+- fast_p = tasks that pass with speedup > p / applicable tasks, at p = 0, 1, 1.5
+  (KernelBench's fast_p; None where no passing task was timed)
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from dataclasses import dataclass
 from .verdicts import Verdict
 
 GOOD = 0.95
+FAST_P = (0.0, 1.0, 1.5)  # KernelBench's thresholds of fast_p
 BANDS = ((1.20, "Better"), (0.95, "Comparable"), (0.60, "Degraded"), (0.0, "Severely degraded"))
 # not the model's doing: the platform cannot run the task, or the harness failed. An item that
 # started and never ended ("aborted": the run was killed, its worker died, or the solution
@@ -105,6 +109,8 @@ class Scores:
     # passing task's speedup has no interval)
     gm_ci90: list[float] | None = None
     pass_x_gm_ci90: list[float] | None = None
+    # (p, fast_p) for each threshold of FAST_P
+    fast: tuple[tuple[float, float | None], ...] = ()
 
 
 def per_task(records: Iterable[dict]) -> list[dict]:
@@ -147,10 +153,31 @@ def per_task(records: Iterable[dict]) -> list[dict]:
     return out
 
 
+def cost_known(record: dict) -> bool:
+    """Whether a record's cost is known: it names the price it was computed with, or it cost
+    something (older logs name no price). A model with no price (or no token accounting, as
+    the built-in ones) records a cost of 0, which is no price of $0."""
+    return bool(record.get("price_source")) or float(record.get("cost") or 0.0) > 0
+
+
+def fast_p(tasks: list[dict], thresholds: Iterable[float] = FAST_P
+           ) -> tuple[tuple[float, float | None], ...]:
+    """KernelBench's fast_p over the applicable tasks (one record per task, as `per_task`
+    gives them): the share that pass with a speedup above p. None where no passing task has a
+    speedup (a check-only run measured none: a zero would say every answer was slow)."""
+    applicable = [t for t in tasks if scored(t)]
+    timed = [t for t in applicable if t["verdict"] == Verdict.PASS and _timed(t)]
+    if not applicable or not timed:
+        return tuple((p, None) for p in thresholds)
+    return tuple((p, sum(1 for t in timed if t["speedup"] > p) / len(applicable))
+                 for p in thresholds)
+
+
 def score(records: Iterable[dict]) -> Scores:
     """Scores over solution records (mutant records are the checker's test, not a model's),
     task by task as the paper scores them (`per_task`: a task's world sizes are one result)."""
-    recs = per_task(r for r in records if r.get("kind", "solution") == "solution")
+    solutions = [r for r in records if r.get("kind", "solution") == "solution"]
+    recs = per_task(solutions)
     applicable = [r for r in recs if scored(r)]
     passes = [r for r in applicable if r["verdict"] == Verdict.PASS]
     good = [r for r in passes if r.get("speedup") is not None and r["speedup"] >= GOOD]
@@ -160,6 +187,7 @@ def score(records: Iterable[dict]) -> Scores:
     timed = [r for r in passes if r.get("speedup") is not None]
     gm_ci = _combine([r["speedup"] for r in timed], [r.get("speedup_ci90") for r in timed])
     costs = [float(r.get("cost") or 0.0) for r in applicable]
+    priced = any(cost_known(r) for r in solutions if scored(r))
     return Scores(
         applicable=n,
         passes=len(passes),
@@ -169,10 +197,11 @@ def score(records: Iterable[dict]) -> Scores:
         pass_good=len(good) / n if n else None,
         gm_speedup=gm,
         pass_x_gm=pass_rate * gm if pass_rate is not None and gm is not None else None,
-        price=sum(costs) / n if n else None,
+        price=sum(costs) / n if n and priced else None,
         gm_ci90=gm_ci,
         pass_x_gm_ci90=[pass_rate * x for x in gm_ci] if gm_ci and pass_rate is not None
         else None,
+        fast=fast_p(recs),
     )
 
 
@@ -392,3 +421,16 @@ def compare(a: Iterable[dict], b: Iterable[dict]) -> Comparison:
             steady += 1
     return Comparison(verdicts, moved, steady, sorted(set(rb) - set(ra)),
                       sorted(set(ra) - set(rb)))
+
+
+def worse(cmp: Comparison) -> list[tuple[str, str, str]]:
+    """The verdict changes from a pass to anything else: what fails a comparison."""
+    return [(item, x, y) for item, x, y in cmp.verdicts if x == Verdict.PASS]
+
+
+def slower(cmp: Comparison, fraction: float) -> list[tuple[str, float, list[float], float,
+                                                           list[float], str]]:
+    """Passes in both whose speedup fell by more than `fraction` of A's and beyond both 90%
+    intervals (pytest-benchmark's compare-fail, with the noise the records measured: a drop
+    inside the intervals, or of a speedup without one, is no evidence)."""
+    return [m for m in cmp.moved if m[5] == "slower" and m[3] < m[1] * (1 - fraction)]

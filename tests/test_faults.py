@@ -119,6 +119,9 @@ def test_junit_properties_and_the_failure_text_use_the_capped_record():
     props = dict(junit_properties(record))
     assert len(props["commbench.record"]) < 3 * MESSAGE_CHARS
     assert len(describe(record, "verdict runtime_error")) < 3 * TEXT_CHARS
+    assert props["commbench.cost_usd"] == "unknown"  # no price: no $0 either
+    priced = dict(junit_properties({**record, "cost": 0.25, "price_source": {"source": "x"}}))
+    assert priced["commbench.cost_usd"] == 0.25
 
 
 # -- the seed is written when an item ends, never before ------------------------------------------

@@ -107,10 +107,11 @@ def site(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("html")
     replies = root / "replies"
     folder = replies / "atlas" / TASK / "s0"
+    # atlas answered once (rounds 1): its kept replies also hold a round 2 of another run
     (folder / "r1").mkdir(parents=True)
-    (folder / "r1" / "reply.md").write_text("an earlier round\n")
+    (folder / "r1" / "reply.md").write_text(REPLY)
     (folder / "r2").mkdir()
-    (folder / "r2" / "reply.md").write_text(REPLY)
+    (folder / "r2" / "reply.md").write_text("a later round of another run\n")
     out = root / "site"
     assert main(["report", *map(str, H200), "--models-file", str(FIXTURES / "models.toml"),
                  "--html", str(out), "--replies", str(replies)]) == 0
@@ -129,6 +130,9 @@ def test_the_leaderboard_rows_are_the_models_in_rank_order(site):
     assert [int(r[0]) for r in rows] == [1, 2, 3, 4, 5, 6]
     # every interval is shown with its value: "66.7% [41.7%, 91.7%]"
     assert all("[" in r[5] for r in rows[1:])
+    # fast_p at KernelBench's thresholds, after the price: the reference passes all at 1.0+
+    assert dom.head("leaderboard")[-3:] == ["fast_0", "fast_1", "fast_1.5"]
+    assert rows[0][-3] == "100.0%"
     # every model's name links to its page, and the page exists
     links = [a["attrs"]["href"] for a in dom.find("a", "leaderboard")]
     assert len(links) == 6 and all((site / h).is_file() for h in links)
@@ -158,15 +162,59 @@ def test_the_matrix_links_each_item_to_its_task_page_with_every_models_evidence(
     assert "verdict pass" in atlas["text"] and "speedup" in atlas["text"]
 
 
-def test_the_reply_of_the_last_round_is_highlighted_and_escaped(site):
+def test_the_reply_judged_is_highlighted_and_escaped(site):
     text = (site / "tasks" / "collective_cupy_nccl_allgather.html").read_text()
     dom = Dom(text)
     highlighted = [d for d in dom.find("div") if d["attrs"].get("class") == "highlight"]
     assert highlighted and "comm.allGather" in highlighted[0]["text"]
-    assert "an earlier round" not in text  # the last round's reply, not the first's
+    # the reply of the round that was scored, not a later one the replies folder holds
+    assert "a later round of another run" not in text and "reply (r1, the answer judged)" in text
     # nothing of the reply becomes markup: its </pre><script> is text
     assert [s for s in dom.find("script")] == dom.find("script")[-1:]  # the page's own only
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in text
+
+
+def test_a_task_page_shows_the_scored_rounds_reply_its_history_tokens_cost_and_endpoint(
+        tmp_path):
+    """Three rounds: a pass at 0.9, a slower pass, a wrong answer. Refinement scored round 1
+    (its fastest pass): the page shows round 1's reply, every round's verdict and speedup,
+    the tokens and cost, when it ended and the endpoint the requests went to; a record of no
+    price says its cost is unknown."""
+    from pytest_commbench import htmlreport, leaderboard
+
+    base = {"event": "result", "kind": "solution", "category": "p2p", "library": "mpi",
+            "difficulty": "easy", "setup": "bare-metal", "world": 2, "task": "p2p/pingpong",
+            "candidate": "", "run": "r1", "seed": 5}
+    refined = {**base, "model": "kimi", "nodeid": "k", "verdict": "pass", "speedup": 0.9,
+               "rounds": 3, "round": 1, "refine_rounds": 3, "tokens_in": 12345,
+               "tokens_out": 678, "cost": 0.0123, "price_source": {"source": "models file"},
+               "finished": "2026-12-01T10:00:00+0000",
+               "requests": [{"endpoint": "http://127.0.0.1:8000/v1", "model": "kimi-k2"}],
+               "round_history": [
+                   {"round": 1, "verdict": "pass", "speedup": 0.9, "message": ""},
+                   {"round": 2, "verdict": "pass", "speedup": 0.85, "message": ""},
+                   {"round": 3, "verdict": "wrong_answer", "speedup": None,
+                    "message": "element 3 differs"}]}
+    unpriced = {**base, "model": "local", "nodeid": "l", "verdict": "wrong_answer",
+                "cost": 0.0, "tokens_in": 10, "tokens_out": 5}
+    replies = tmp_path / "replies"
+    for n, text in ((1, "FIRST ROUND"), (2, "SECOND ROUND"), (3, "THIRD ROUND")):
+        (replies / "kimi" / "p2p/pingpong" / "s0" / f"r{n}").mkdir(parents=True)
+        (replies / "kimi" / "p2p/pingpong" / "s0" / f"r{n}" / "reply.md").write_text(text)
+    board = leaderboard.build([refined, unpriced])
+    html = htmlreport.task_page("p2p/pingpong", board, lambda r: replies)
+    assert "FIRST ROUND" in html and "SECOND ROUND" not in html and "THIRD ROUND" not in html
+    dom = Dom(html)
+    (table,) = [t for t in dom.find("table") if t["attrs"].get("class") == "rounds"]
+    rows = [[c["text"].strip() for c in tr["children"]] for body in table["children"]
+            if body["tag"] == "tbody" for tr in body["children"]]
+    assert rows == [["1", "pass", "0.900", ""], ["2", "pass", "0.850", ""],
+                    ["3", "wrong_answer", "-", "element 3 differs"]]
+    asked = [p["text"] for p in dom.find("p") if p["attrs"].get("class") == "asked"]
+    assert asked[0] == ("tokens 12,345 in / 678 out \u00b7 cost $0.0123 \u00b7 finished "
+                        "2026-12-01T10:00:00+0000 \u00b7 endpoint http://127.0.0.1:8000/v1 "
+                        "(model id kimi-k2)")
+    assert asked[1] == "tokens 10 in / 5 out \u00b7 cost unknown"
 
 
 def test_a_page_per_model_lists_every_item_it_was_judged_on(site):
@@ -242,10 +290,15 @@ def _edited_copy(src: Path, a: Path, dst: Path) -> dict:
 def test_a_comparison_lists_exactly_the_changes_made_between_two_runs(tmp_path, capsys):
     a, b = tmp_path / "atlas-a.jsonl", tmp_path / "atlas-b.jsonl"
     made = _edited_copy(FIXTURES / "h200" / "atlas.jsonl", a, b)
+    # a pass became a wrong answer: the comparison fails, naming it
     assert main(["report", str(a), str(b), "--compare", "--label", "before", "--label",
-                 "after", "--out", str(tmp_path / "out")]) == 0
+                 "after", "--out", str(tmp_path / "out")]) == 1
     text = (tmp_path / "out" / "compare.md").read_text()
-    assert capsys.readouterr().out.startswith(text.rstrip("\n"))
+    printed = capsys.readouterr()
+    assert printed.out.startswith(text.rstrip("\n"))
+    (flipped,) = [k for k, (x, _) in made["verdicts"].items() if x == "pass"]
+    assert printed.err.splitlines() == [f"commbench report --compare: worse: {flipped}: pass "
+                                        "in before, wrong_answer in after"]
     from pytest_commbench.results import load
     from pytest_commbench.scoring import compare
 
@@ -256,6 +309,58 @@ def test_a_comparison_lists_exactly_the_changes_made_between_two_runs(tmp_path, 
     for item in [*made["verdicts"], *made["moved"], *made["removed"], *made["new"]]:
         assert item in text
     assert "2 verdict changes, 1 speedups moved" in text
+
+
+def _pair(tmp_path: Path, b_of: dict) -> tuple[Path, Path]:
+    """Run A: three passing items with known speedups and intervals; run B: A with each
+    item's (speedup, interval) replaced as `b_of` says."""
+    base = {"event": "result", "model": "m", "kind": "solution", "category": "p2p",
+            "library": "mpi", "difficulty": "easy", "setup": "bare-metal", "world": 2,
+            "verdict": "pass", "run": "r"}
+    a_of = {"fell10": (1.0, [0.99, 1.01]), "fell3": (1.0, [0.995, 1.005]),
+            "fell20wide": (1.0, [0.7, 1.3])}
+    paths = []
+    for name, table in (("a", a_of), ("b", {**a_of, **b_of})):
+        lines = [{**base, "nodeid": f"t/{n}::x[np2]", "task": f"t/{n}", "speedup": s,
+                  "speedup_ci90": iv} for n, (s, iv) in table.items()]
+        path = tmp_path / f"{name}.jsonl"
+        path.write_text("".join(json.dumps(x) + "\n" for x in lines))
+        paths.append(path)
+    return paths[0], paths[1]
+
+
+def test_fail_on_slower_fails_only_where_a_speedup_fell_past_the_threshold_and_its_intervals(
+        tmp_path):
+    """--fail-on slower:5%: of three speedups that fell (10% beyond the intervals, 3% beyond
+    them, 20% inside wide ones) only the first fails the comparison; without --fail-on, and
+    with no verdict made worse, it exits 0. Run as a user runs it, in a process of its own."""
+    import sys
+
+    a, b = _pair(tmp_path, {"fell10": (0.9, [0.89, 0.91]), "fell3": (0.97, [0.965, 0.975]),
+                            "fell20wide": (0.8, [0.6, 1.0])})
+    cli = [sys.executable, "-m", "pytest_commbench.cli", "report", str(a), str(b), "--compare"]
+    plain = subprocess.run(cli, capture_output=True, text=True, timeout=120)
+    assert plain.returncode == 0, plain.stderr
+    assert "2 speedups moved" in plain.stdout  # fell10 and fell3 moved; fell20wide did not
+    failing = subprocess.run([*cli, "--fail-on", "slower:5%"], capture_output=True,
+                             text=True, timeout=120)
+    assert failing.returncode == 1
+    (line,) = failing.stderr.splitlines()
+    assert line.startswith("commbench report --compare: slower by 10.0% (more than 5%") \
+        and "t/fell10::x[np2]" in line
+    loose = subprocess.run([*cli, "--fail-on", "slower:15%"], capture_output=True, text=True,
+                           timeout=120)
+    assert loose.returncode == 0, loose.stderr
+    for bad in ("faster:5%", "slower:5", "slower:x%", "slower:100%"):
+        refused = subprocess.run([*cli, "--fail-on", bad], capture_output=True, text=True,
+                                 timeout=120)
+        assert refused.returncode == 2, bad
+        assert refused.stderr.startswith(f"commbench report: --fail-on {bad}: "), bad
+
+
+def test_fail_on_is_refused_without_compare(capsys):
+    assert main(["report", str(H200[0]), "--fail-on", "slower:5%"]) == 2
+    assert "--fail-on goes with --compare" in capsys.readouterr().err
 
 
 def test_compare_takes_two_runs(tmp_path, capsys):

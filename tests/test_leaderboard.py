@@ -365,6 +365,35 @@ def test_csv_and_json_round_trip(board, out):
     assert list(rows[0]) == list(leaderboard.COLUMNS)
 
 
+def test_fast_p_of_every_model_is_its_logs_counted_by_hand(board, out):
+    """fast_p at 0, 1 and 1.5 (KernelBench's): tasks passing with a speedup above p over the
+    applicable tasks, from the JSON lines alone; in the CSV and in the command's Table 2b."""
+    rows = _csv_rows(out / "leaderboard.csv")
+    for label, hand in HAND.items():
+        for p, column in ((0, "fast_0"), (1, "fast_1"), (1.5, "fast_1.5")):
+            want = sum(1 for i in hand["items"] if i["pass"] and i["speedup"] > p) / hand["n"]
+            assert float(rows[label][column]) == pytest.approx(want), (label, p)
+    assert float(rows["reference"]["fast_0"]) == 1.0
+    md = (out / "report.md").read_text()
+    assert "## Table 2b: fast_p" in md
+
+
+def test_the_summary_says_unknown_for_a_cost_never_priced(board):
+    """The reference records a cost of 0 without a price: its summary says the price is
+    unknown (as the board's '-'), never $0.0000; a priced model's is its mean cost."""
+    by_label = {e.label: e for e in board.entries}
+    lines: list[str] = []
+    leaderboard.render_run(by_label["reference"].records, lines.append, lambda s, t: None)
+    (scores,) = [x for x in lines if x.startswith("Pass Rate")]
+    assert "Price unknown/task" in scores and "$0.0000" not in scores
+    assert any(x.startswith("fast_p (pass with speedup > p, of 16 tasks): fast_0 100.0%")
+               for x in lines)
+    lines.clear()
+    leaderboard.render_run(by_label["atlas"].records, lines.append, lambda s, t: None)
+    (scores,) = [x for x in lines if x.startswith("Pass Rate")]
+    assert f"Price ${HAND['atlas']['price']:.4f}/task" in scores
+
+
 def test_the_report_has_every_table(out):
     md = (out / "report.md").read_text()
     for title in ("Table 1a: the suite by category", "Table 1b: the suite by library",

@@ -49,6 +49,38 @@ def test_no_applicable_tasks_gives_no_numbers():
     assert s.pass_rate is None and s.gm_speedup is None and s.pass_x_gm is None
 
 
+def test_fast_p_at_0_1_and_1_5_counted_by_hand():
+    """KernelBench's fast_p: the share of the applicable tasks that pass with a speedup above
+    p. Eight tasks: two not applicable, six applicable of which four pass (speedups 0.5, 1.0,
+    1.2, 2.0) and a world size of a fifth fails: fast_0 4/6, fast_1 2/6 (1.0 is not above 1),
+    fast_1.5 1/6."""
+    records = [rec("pass", 0.5, task="a"), rec("pass", 1.0, task="b"),
+               rec("pass", 1.2, task="c"), rec("pass", 2.0, task="d"),
+               rec("pass", 3.0, task="e", world=2), rec("wrong_answer", task="e", world=4),
+               rec("timeout", task="f"), rec("skipped", task="g"), rec("infra_error", task="h"),
+               rec("pass", 9.0, task="m", kind="mutant")]
+    fast = dict(scoring.score(records).fast)
+    assert fast == {0.0: pytest.approx(4 / 6), 1.0: pytest.approx(2 / 6),
+                    1.5: pytest.approx(1 / 6)}
+    # a task's speedup is the geometric mean over its world sizes: sqrt(1.2 * 1.5) = 1.342
+    both = [rec("pass", 1.2, task="x", world=2), rec("pass", 1.5, task="x", world=4)]
+    assert dict(scoring.score(both).fast) == {0.0: 1.0, 1.0: 1.0, 1.5: 0.0}
+    # a check-only run timed nothing: no fast_p at all, not zeros
+    assert dict(scoring.score([rec("pass", task="a"), rec("wrong_answer", task="b")]).fast) \
+        == {0.0: None, 1.0: None, 1.5: None}
+
+
+def test_a_cost_is_unknown_unless_a_price_was_had():
+    """A model without a price records a cost of 0: its Price is unknown (None), never $0;
+    an answer priced at $0 (a price source named) is a known $0."""
+    free = [rec("pass", 1.0, task="a", cost=0.0), rec("wrong_answer", task="b", cost=0.0)]
+    assert scoring.score(free).price is None
+    named = [{**r, "price_source": {"source": "models-file"}} for r in free]
+    assert scoring.score(named).price == 0.0
+    paid = [rec("pass", 1.0, task="a", cost=0.3), rec("wrong_answer", task="b", cost=0.1)]
+    assert scoring.score(paid).price == pytest.approx(0.2)
+
+
 def test_breakdown_groups_by_key():
     groups = dict(scoring.breakdown([rec("pass", 1.0, difficulty="easy"),
                                      rec("wrong_answer", difficulty="hard")], "difficulty"))

@@ -1,0 +1,153 @@
+"""The runs of a runs folder: what each one holds (`commbench runs`), its label
+(`commbench label`), and which of them `commbench report` takes when it is given the folder.
+
+A run folder names no model, so what a run is comes from its `run.json` (seed, model,
+platform, start, the label given it) and its results log (the items, their verdicts). Given a
+runs folder, a report takes one run per model and configuration (rounds, budget, agent,
+hints, label): of its runs in which some item ran (not skipped), the one in which the most
+items ran, the newest of those. Every run left out is named in one line with why, so a
+one-item rerun or an all-skipped run never stands for a model's full run unnoticed."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .results import load
+from .verdicts import Verdict
+
+RUN_FILE = "run.json"  # as session.RUN_FILE (not imported: the report needs no pytest)
+LOG = "results.jsonl"
+
+
+@dataclass
+class Run:
+    folder: Path
+    records: list[dict]
+    info: dict = field(default_factory=dict)  # run.json
+
+    @property
+    def log(self) -> Path:
+        return self.folder / LOG
+
+    @property
+    def run_id(self) -> str:
+        ids = sorted({str(r["run"]) for r in self.records if r.get("run")})
+        return str(self.info.get("run") or (ids[0] if ids else self.folder.name))
+
+    @property
+    def models(self) -> list[str]:
+        found = sorted({str(r.get("model")) for r in self.records if r.get("model")})
+        return found or ([str(self.info["model"])] if self.info.get("model") else [])
+
+    @property
+    def started(self) -> str:
+        """When the run began (run.json, else its first item), as ISO text; '' if unknown."""
+        if self.info.get("started"):
+            return str(self.info["started"])
+        times = sorted(str(r["started"]) for r in self.records if r.get("started"))
+        return times[0] if times else ""
+
+    @property
+    def platform(self) -> str:
+        found = sorted({str(r["platform"]) for r in self.records if r.get("platform")})
+        return ", ".join(found) or str(self.info.get("platform") or "-")
+
+    @property
+    def seed(self):
+        if self.info.get("seed") is not None:
+            return self.info["seed"]
+        return next((r["seed"] for r in self.records if r.get("seed") is not None), None)
+
+    @property
+    def label(self) -> str | None:
+        return self.info.get("label") or None
+
+    @property
+    def ran(self) -> int:
+        """Items that ran: every item with a record but the skipped ones."""
+        return sum(1 for r in self.records if r.get("verdict") != Verdict.SKIPPED)
+
+    @property
+    def passes(self) -> int:
+        return sum(1 for r in self.records if r.get("verdict") == Verdict.PASS
+                   and r.get("kind", "solution") == "solution")
+
+    @property
+    def key(self) -> tuple:
+        """The entry of a leaderboard this run feeds: its models, configuration and label."""
+        first = next((r for r in self.records if r.get("kind", "solution") == "solution"),
+                     self.records[0] if self.records else {})
+        return (tuple(self.models), first.get("refine_rounds"), first.get("budget_usd"),
+                first.get("agent"), bool(first.get("hints")), self.label)
+
+    def order(self) -> tuple:
+        """Newest last: by start, then by the log's modification time."""
+        return (self.started, self.log.stat().st_mtime if self.log.exists() else 0.0)
+
+
+def read_info(folder: Path) -> dict:
+    try:
+        info = json.loads((folder / RUN_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return info if isinstance(info, dict) else {}
+
+
+def read(folder: Path) -> Run:
+    log = folder / LOG
+    return Run(folder, load(log) if log.is_file() else [], read_info(folder))
+
+
+def is_run(path: Path) -> bool:
+    return (path / LOG).is_file()
+
+
+def runs_in(root: Path) -> list[Run]:
+    """Every run folder directly below `root` (one with a results log), newest first."""
+    found = [read(p.parent) for p in root.glob(f"*/{LOG}")]
+    return sorted(found, key=Run.order, reverse=True)
+
+
+def pick(runs: list[Run]) -> tuple[list[Run], list[str]]:
+    """The runs a report takes from a runs folder (one per model and configuration: the most
+    items ran, then the newest), and a line for each run left out saying why."""
+    notes: list[str] = []
+    groups: dict[tuple, list[Run]] = {}
+    for run in runs:
+        if run.ran == 0:
+            why = "every item skipped" if run.records else "no item recorded"
+            notes.append(f"left out run {run.run_id} ({describe(run)}): {why}")
+            continue
+        groups.setdefault(run.key, []).append(run)
+    chosen = []
+    for group in groups.values():
+        best = max(group, key=lambda r: (r.ran, r.order()))
+        chosen.append(best)
+        for run in group:
+            if run is not best:
+                notes.append(f"left out run {run.run_id} ({describe(run)}): run "
+                             f"{best.run_id} of the same model ran {best.ran} items "
+                             f"(give {run.folder} to report this one)")
+    return sorted(chosen, key=Run.order, reverse=True), notes
+
+
+def describe(run: Run) -> str:
+    label = f" [{run.label}]" if run.label else ""
+    return f"{', '.join(run.models) or '?'}{label}, {run.started or 'date unknown'}, " \
+           f"{run.ran} items ran"
+
+
+def set_label(folder: Path, label: str) -> None:
+    """Keep a run's label in its run.json (an empty label removes it), written atomically:
+    a resume rewrites run.json keeping what it holds."""
+    info = read_info(folder)
+    if label:
+        info["label"] = label
+    else:
+        info.pop("label", None)
+    tmp = folder / f".{RUN_FILE}.{os.getpid()}"
+    tmp.write_text(json.dumps(info, indent=1, default=str) + "\n")
+    tmp.replace(folder / RUN_FILE)
