@@ -30,6 +30,9 @@ until the client goes away), "cut" (true: the stream ends without a finish reaso
 that drops the connection leaves it) and "unstreamed" (true: a JSON body although a stream was
 asked for).
 
+`ScriptedServer("openai", script, route=fn)`: `fn(body)` picks the step for a request by what it
+asks (None: the script's next step), so each item of a session can get its own answer.
+
 `ScriptedServer("openai", script, models={"coder": 32768})` also lists those models under GET
 /v1/models (and /v1/models/ID), each with its `max_model_len` as vLLM and SGLang do; without
 `models` those paths are a 404, as they are on servers that do not list their models.
@@ -55,12 +58,16 @@ RETRY_NOW = {"retry-after": "0", "retry-after-ms": "1", "x-should-retry": "true"
 
 
 class ScriptedServer:
-    def __init__(self, kind: str, script: list[dict], models: dict[str, int] | None = None) -> None:
+    def __init__(self, kind: str, script: list[dict], models: dict[str, int] | None = None,
+                 route=None) -> None:
         if kind not in ENDPOINTS:
             raise ValueError(f"kind must be one of {sorted(ENDPOINTS)}, not {kind!r}")
         self.kind = kind
         self.script = list(script) or [{}]
         self.models = dict(models or {})  # id -> max_model_len, listed under GET /v1/models
+        # route(body) -> a step, or None for the script's next: answers chosen by what is
+        # asked (an item's prompt), whatever the order the requests come in
+        self.route = route
         self.requests: list[dict] = []  # POSTs to the provider's endpoint: the asking
         self.all_requests: list[dict] = []  # every request (model lists, unknown paths too)
         self.base_url = ""
@@ -99,7 +106,9 @@ class ScriptedServer:
                 return 200, listed, {}
         if method != "POST" or path.split("?")[0] != ENDPOINTS[self.kind]:
             return 404, self._error(404, f"Unknown path {method} {path}"), {}
-        step = self._next_step()
+        step = self.route(body) if self.route is not None else None
+        if step is None:
+            step = self._next_step()
         if step.get("delay_s"):
             self._stopping.wait(step["delay_s"])
         status = step.get("status", 200)

@@ -217,11 +217,13 @@ def guard(job: JobSpec, rank: int, solution: str, scratch: Path) -> None:
 
     tempfile.tempdir = str(scratch)
     ABORT[0] = MPI.COMM_WORLD.Abort
-    # no other process (a peer rank) may read or write this one's memory through
-    # /proc/<pid>/mem, nor take its descriptors (the ranks share a user: only this closes
-    # it); what CUDA IPC, NCCL and NVSHMEM exchange goes through their own sockets
-    ctypes.CDLL(None).prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
-    if job.backend != "cpu" and job.language == "python":
+    if job.backend == "cpu":
+        # no other process (a peer rank) may read or write this one's memory through
+        # /proc/<pid>/mem (the ranks share a user: only this closes it). Not on GPU ranks:
+        # the same permission lets a peer duplicate this rank's descriptors (pidfd_getfd),
+        # which CUDA memory shared as POSIX descriptors (torch's symmetric memory) needs
+        ctypes.CDLL(None).prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
+    elif job.language == "python":
         warm_up_cupy(scratch)
     if os.environ.get(ENV_GUARD_REPORT):
         arm = getattr(ctypes.CDLL(None), "commbench_guard_arm", None)
