@@ -233,6 +233,41 @@ def test_refinement_rounds_feed_the_verdict_back_and_price_every_round(bench, mo
     assert again["verdict"] == "pass" and again["round"] == 2
 
 
+def test_a_pass_whose_timing_cannot_be_read_asks_for_no_faster_round(bench, monkeypatch):
+    """Timed with one timing round (so no interval: the band is inconclusive), round 1 passes
+    with an answer far slower than the reference (it sleeps in every call): the speedup is
+    below 1 but not readable, so no second, paid request is sent."""
+    (bench.root / "pytest.ini").write_text(
+        (bench.root / "pytest.ini").read_text().replace("commbench_check_only = true\n", ""))
+    slow = _region(REF).replace("    n, rank = comm.Get_size(), comm.Get_rank()\n",
+                                "    import time\n    time.sleep(0.002)\n"
+                                "    n, rank = comm.Get_size(), comm.Get_rank()\n")
+    result, requests = _run(bench, monkeypatch, "openai", [{"text": slow}, {"text": _region(REF)}],
+                            "--commbench-rounds=2")
+    record = _only(bench)
+    assert record["verdict"] == "pass" and record.get("speedup") is not None, record
+    assert record["speedup"] < 1 and record.get("band") == "inconclusive", record
+    assert len(requests) == 1 and record["rounds"] == 1, result.stdout.str()
+
+
+@pytest.mark.parametrize("trust, interval, speedup, asked", [
+    ("contended", [0.064, 9.6], 0.877, False),  # the issue's case: a contended 0.877
+    ("shared", [0.50, 0.55], 0.52, False),
+    ("ok", None, 0.5, False),  # no interval (one timing round): inconclusive
+    ("noisy", [0.40, 2.0], 0.9, False),  # the interval spans bands: inconclusive
+    ("ok", [0.40, 0.55], 0.47, True),  # readable, Severely degraded
+    ("ok", [1.30, 1.40], 1.35, False),  # readable, faster than the reference
+    (None, None, 0.8, True),  # a runner that records no trust: the speedup as it stands
+    (None, None, None, False),  # untimed (check only)
+])
+def test_only_a_readable_speedup_below_one_asks_for_speed(trust, interval, speedup, asked):
+    from pytest_commbench.engine import ItemResult
+    from pytest_commbench.engine.refinement import wants_speed
+
+    result = ItemResult("pass", speedup=speedup, speedup_ci90=interval, timing_trust=trust)
+    assert wants_speed(result) is asked
+
+
 def test_samples_are_items_of_their_own_and_pass_at_k_is_reported(bench, monkeypatch):
     """Three independent answers (one wrong): three items, pass@1 2/3, pass@2 and pass@3 1;
     each request carries the registry's or the command line's temperature."""
