@@ -4,6 +4,7 @@ SDKs against scripted servers on loopback (tests/llm_servers.py)."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import sys
 from pathlib import Path
@@ -19,6 +20,7 @@ TASK = "collective/ring_allreduce"
 
 REF = (REPO / "references" / TASK / "solution.py").read_text()
 TEMPLATE = (REPO / "suites" / TASK / "template.py").read_text()
+README = (REPO / "README.md").read_text()
 NODE = f"suites/{TASK}/task.toml::ring_allreduce[np2]"
 
 
@@ -181,6 +183,45 @@ def test_a_missing_key_is_a_usage_error_naming_the_variable(bench, monkeypatch):
     """Refused before any item runs (the preflight), and nothing is sent."""
     result, requests = _run(bench, monkeypatch, "openai", [{"text": "x"}], key=False)
     assert result.ret == pytest.ExitCode.USAGE_ERROR and "OPENAI_API_KEY" in result.stderr.str()
+    assert requests == [] and bench.records() == []
+
+
+@pytest.mark.parametrize("kind, status", [("openai", 401), ("anthropic", 403)])
+def test_a_refused_key_stops_the_session_at_the_first_item(bench, monkeypatch, kind, status):
+    """Two tasks, an endpoint that refuses the key: one request, one item failed as an
+    infra_error (not retried), then the session stops with one line naming the key's
+    variable; the other task is never asked."""
+    bench.add_task(TASK, ranks=2)
+    bench.add_task(TASK, ranks=2, name="ring_allreduce_b")
+    result, requests = _run(bench, monkeypatch, kind, [{"status": status}], "-p", "no:randomly",
+                            add=False)
+    out = result.stdout.str()
+    var = "OPENAI_API_KEY" if kind == "openai" else "ANTHROPIC_API_KEY"
+    assert result.ret == pytest.ExitCode.INTERRUPTED, out[-3000:]
+    assert len(requests) == 1
+    (record,) = bench.records()
+    assert record["verdict"] == "infra_error" and record["requests"][0]["refused"] == status
+    (line,) = [x for x in out.splitlines() if "Interrupted: commbench: the endpoint refused" in x]
+    assert f"({status})" in line and var in line and "no further item is asked" in line
+
+
+def test_a_provider_sdk_that_does_not_import_is_refused_before_any_item(bench, monkeypatch,
+                                                                        tmp_path):
+    """Without the SDK the session is refused at once (exit status 4), with one line naming
+    the README's install command for the providers' SDKs; nothing is asked."""
+    from pytest_commbench.models.providers import SDK_INSTALL
+
+    shadow = tmp_path / "shadow" / "openai"
+    shadow.mkdir(parents=True)
+    (shadow / "__init__.py").write_text("raise ImportError(\"No module named 'openai'\")\n")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(
+        [str(shadow.parent), *filter(None, [os.environ.get("PYTHONPATH")])]))
+    result, requests = _run(bench, monkeypatch, "openai", [{"text": _region(REF)}])
+    err = result.stderr.str()
+    assert result.ret == pytest.ExitCode.USAGE_ERROR, err
+    assert f"the openai SDK cannot be imported (No module named 'openai'); install the " \
+           f"providers' SDKs with {SDK_INSTALL}" in err
+    assert SDK_INSTALL in README  # the command the README gives
     assert requests == [] and bench.records() == []
 
 
