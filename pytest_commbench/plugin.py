@@ -192,8 +192,9 @@ class ResultsCollector:
                 self.by_node[report.nodeid] = record
 
     def pytest_collection_finish(self, session: pytest.Session) -> None:
-        """Before the first item (without xdist: its controller sees no items): whether this
-        machine can time the selected items, and what the run will report."""
+        """Before the first item: whether this machine can time the selected items, and what
+        the run will report (an xdist controller collects nothing: XdistHooks says it from
+        a worker's item ids)."""
         config = session.config
         if not hasattr(config, "workerinput") and not config.option.collectonly:
             capacity.tell(config, self.state, [item.nodeid for item in session.items])
