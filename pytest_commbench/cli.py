@@ -20,7 +20,7 @@ from pathlib import Path
 
 from tabulate import tabulate
 
-from . import runs
+from . import evaluate_cli, runs
 from .report import render
 from .results import load, merge
 from .tasks import load_suite
@@ -804,6 +804,7 @@ def main(argv: list[str] | None = None) -> int:
                      help="the machine facts to state: a JSON object's file, or a results log "
                           "(its first record's fingerprint)")
     prm.set_defaults(func=cmd_prompt)
+    evaluate_cli.add_parser(sub)
     args = parser.parse_args(argv)
     try:
         return args.func(args)

@@ -163,11 +163,18 @@ class TaskItem(pytest.Item):
                 result = run(self.task, self.world, self.candidate, state.platform, settings)
                 if isinstance(result, dict):  # a third-party agent of the older contract
                     result = ItemResult.from_record(result)
-                if result.verdict != Verdict.INFRA_ERROR.value:
+                if result.verdict != Verdict.INFRA_ERROR.value or refused_key(result):
                     break
         finally:
             ITEM.reset(token)
-        self._conclude(self._finish(state, result.as_record()))
+        record = self._finish(state, result.as_record())
+        status = refused_key(result)
+        if status is not None:
+            # a wrong key fails every item alike: the session stops after this one
+            self.session.shouldstop = (
+                f"commbench: the endpoint refused model {state.model.name}'s request "
+                f"({status}): {key_hint(state.model)}; no further item is asked")
+        self._conclude(record)
 
     def repr_failure(self, excinfo, style=None):
         if isinstance(excinfo.value, CommbenchFailure):
@@ -177,6 +184,21 @@ class TaskItem(pytest.Item):
     def reportinfo(self):
         who = self.candidate.id or self.config.stash[STATE].model.name
         return self.path, None, f"commbench {self.task.relpath} np{self.world} [{who}]"
+
+
+def refused_key(result: ItemResult) -> int | None:
+    """The status (401, 403) of a request of this result that the endpoint refused, else None
+    (`models.providers.refused` marks such requests)."""
+    return next((q["refused"] for q in result.requests or () if q.get("refused")), None)
+
+
+def key_hint(model) -> str:
+    """What to check where a model's key was refused."""
+    spec = getattr(model, "spec", None)
+    if spec is None:
+        return "check its key"
+    return (f"check {spec.key_env} (a wrong or revoked key, or one without access to "
+            f"{spec.model}) and the endpoint (--commbench-base-url)")
 
 
 def record_crashed_item(state, nodeid: str, report) -> dict[str, Any] | None:

@@ -6,7 +6,7 @@ import argparse
 
 import pytest
 
-from . import hookspecs, launch, preflight
+from . import capacity, hookspecs, launch, preflight
 from .agent import GeakAgent
 from .items import TaskItem, TaskManifest, is_manifest, record_crashed_item, record_from_report
 from .launch import install_stop_handlers
@@ -101,12 +101,21 @@ class XdistHooks:
 
     def __init__(self, state) -> None:
         self.state = state
+        self.told = False  # the timing statement is written once
 
     def pytest_configure_node(self, node) -> None:
         node.workerinput["commbench_seed"] = self.state.seed
         node.workerinput["commbench_run_id"] = self.state.run_id
         node.workerinput["commbench_run_dir"] = str(self.state.run_dir)
         node.workerinput["commbench_resume_upto"] = self.state.resume_upto
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_xdist_node_collection_finished(self, node, ids) -> None:
+        """On the controller, which collects nothing itself: the first worker's items (all
+        workers collect the same) say what this machine can time, before any item runs."""
+        if not self.told:
+            self.told = True
+            capacity.tell(node.config, self.state, list(ids))
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_handlecrashitem(self, crashitem, report, sched) -> None:
@@ -181,6 +190,14 @@ class ResultsCollector:
             record = record_from_report(report)
             if record is not None:
                 self.by_node[report.nodeid] = record
+
+    def pytest_collection_finish(self, session: pytest.Session) -> None:
+        """Before the first item: whether this machine can time the selected items, and what
+        the run will report (an xdist controller collects nothing: XdistHooks says it from
+        a worker's item ids)."""
+        config = session.config
+        if not hasattr(config, "workerinput") and not config.option.collectonly:
+            capacity.tell(config, self.state, [item.nodeid for item in session.items])
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_sessionfinish(self, session: pytest.Session) -> None:

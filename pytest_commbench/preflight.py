@@ -1,9 +1,10 @@
 """What is wrong with a run before its first item: one line each, before anything is spent.
 
 Refusals (a usage error, exit status 4): a platform named explicitly whose devices this machine
-does not show, a model that must be asked and has no API key. Warnings: options that do
-nothing for the model or platform chosen, options given under a former name. And after the
-session: a benchmark session in which no item ran is not a success (`no_item_ran`)."""
+does not show, a model that must be asked and has no API key or whose provider's SDK does not
+import. Warnings: options that do nothing for the model or platform chosen, options given
+under a former name. And after the session: a benchmark session in which no item ran is not
+a success (`no_item_ran`)."""
 
 from __future__ import annotations
 
@@ -40,9 +41,9 @@ def refusals(config: pytest.Config, state: Any) -> list[str]:
                      f"this machine{_visibility_hint(getattr(profile, 'vendor', 'nvidia'))}; "
                      "--platform=auto (the default) runs what this machine has, and "
                      "--commbench-compile-only builds for it without running")
-    key = _missing_key(config, state)
-    if key:
-        lines.append(key)
+    for missing in (_missing_key(config, state), _missing_sdk(config, state)):
+        if missing:
+            lines.append(missing)
     return lines
 
 
@@ -61,18 +62,39 @@ def _visibility_hint(vendor: str = "nvidia") -> str:
     return f" (CUDA_VISIBLE_DEVICES={hidden!r})" if hidden is not None else ""
 
 
+def _replays(config: pytest.Config, state: Any) -> bool:
+    """Are replies kept by an earlier run there to be judged without a request?"""
+    kept = Path(state.runs_dir) / "replies" / _safe(state.model.name)
+    return not setting(config, "regenerate") and kept.is_dir() and \
+        next(kept.rglob("reply.md"), None) is not None
+
+
 def _missing_key(config: pytest.Config, state: Any) -> str | None:
     spec = getattr(state.model, "spec", None)
     key_env = getattr(spec, "key_env", None)
-    if not key_env or os.environ.get(key_env):
+    if not key_env or os.environ.get(key_env) or _replays(config, state):
         return None
-    kept = Path(state.runs_dir) / "replies" / _safe(state.model.name)
-    if not setting(config, "regenerate") and kept.is_dir() and \
-            next(kept.rglob("reply.md"), None) is not None:
-        return None  # replies kept by an earlier run are judged without a request
     where = lookup(config, "model")[1]
     return (f"{where}: model {state.model.name} is asked through {key_env}, which is not set "
             f"(export {key_env}=... before the run)")
+
+
+def _missing_sdk(config: pytest.Config, state: Any) -> str | None:
+    """The provider's SDK must import before the first item: without it every item would fail
+    alike, one by one. (Imported here, once: the first request imports it anyway.)"""
+    spec = getattr(state.model, "spec", None)
+    provider = getattr(spec, "provider", None)
+    if not provider or _replays(config, state):
+        return None
+    import importlib
+
+    from .models.providers import sdk_missing
+
+    try:
+        importlib.import_module(provider)
+    except ImportError as exc:
+        return f"{lookup(config, 'model')[1]}: model {state.model.name}: {sdk_missing(provider, exc)}"
+    return None
 
 
 def warnings(config: pytest.Config, state: Any) -> list[str]:

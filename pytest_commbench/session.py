@@ -135,8 +135,8 @@ BUILD_CACHE_DESC = ("a folder of built solutions kept between runs, found again 
                     "`commbench compile --cache` fills it ahead of a run")
 RESUME_DESC = ("finish a killed run: RUN is its id under the runs directory or its directory; "
                "items it finished are reported from its log, the rest run with its seed")
-ROUNDS_DESC = ("refinement rounds: after a failure, or a pass slower than the reference, the "
-               "model is asked again with the verdict and its evidence, up to this many "
+ROUNDS_DESC = ("refinement rounds: after a failure, or a pass whose readable speedup is below "
+               "1 (a band named: not contended, not inconclusive), the model is asked again with the verdict and its evidence, up to this many "
                "generations per task (default {default})")
 TIMING_ROUNDS_DESC = "interleaved reference/solution timing rounds per item, at least (default {default})"
 MAX_ROUNDS_DESC = ("at most this many timing rounds: they are added while the speedup is less "

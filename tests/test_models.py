@@ -4,6 +4,7 @@ SDKs against scripted servers on loopback (tests/llm_servers.py)."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import sys
 from pathlib import Path
@@ -19,6 +20,7 @@ TASK = "collective/ring_allreduce"
 
 REF = (REPO / "references" / TASK / "solution.py").read_text()
 TEMPLATE = (REPO / "suites" / TASK / "template.py").read_text()
+README = (REPO / "README.md").read_text()
 NODE = f"suites/{TASK}/task.toml::ring_allreduce[np2]"
 
 
@@ -184,6 +186,45 @@ def test_a_missing_key_is_a_usage_error_naming_the_variable(bench, monkeypatch):
     assert requests == [] and bench.records() == []
 
 
+@pytest.mark.parametrize("kind, status", [("openai", 401), ("anthropic", 403)])
+def test_a_refused_key_stops_the_session_at_the_first_item(bench, monkeypatch, kind, status):
+    """Two tasks, an endpoint that refuses the key: one request, one item failed as an
+    infra_error (not retried), then the session stops with one line naming the key's
+    variable; the other task is never asked."""
+    bench.add_task(TASK, ranks=2)
+    bench.add_task(TASK, ranks=2, name="ring_allreduce_b")
+    result, requests = _run(bench, monkeypatch, kind, [{"status": status}], "-p", "no:randomly",
+                            add=False)
+    out = result.stdout.str()
+    var = "OPENAI_API_KEY" if kind == "openai" else "ANTHROPIC_API_KEY"
+    assert result.ret == pytest.ExitCode.INTERRUPTED, out[-3000:]
+    assert len(requests) == 1
+    (record,) = bench.records()
+    assert record["verdict"] == "infra_error" and record["requests"][0]["refused"] == status
+    (line,) = [x for x in out.splitlines() if "Interrupted: commbench: the endpoint refused" in x]
+    assert f"({status})" in line and var in line and "no further item is asked" in line
+
+
+def test_a_provider_sdk_that_does_not_import_is_refused_before_any_item(bench, monkeypatch,
+                                                                        tmp_path):
+    """Without the SDK the session is refused at once (exit status 4), with one line naming
+    the README's install command for the providers' SDKs; nothing is asked."""
+    from pytest_commbench.models.providers import SDK_INSTALL
+
+    shadow = tmp_path / "shadow" / "openai"
+    shadow.mkdir(parents=True)
+    (shadow / "__init__.py").write_text("raise ImportError(\"No module named 'openai'\")\n")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(
+        [str(shadow.parent), *filter(None, [os.environ.get("PYTHONPATH")])]))
+    result, requests = _run(bench, monkeypatch, "openai", [{"text": _region(REF)}])
+    err = result.stderr.str()
+    assert result.ret == pytest.ExitCode.USAGE_ERROR, err
+    assert f"the openai SDK cannot be imported (No module named 'openai'); install the " \
+           f"providers' SDKs with {SDK_INSTALL}" in err
+    assert SDK_INSTALL in README  # the command the README gives
+    assert requests == [] and bench.records() == []
+
+
 def test_an_unknown_or_broken_model_name_is_a_usage_error(bench, tmp_path):
     bench.add_task(TASK, ranks=2)
     result = bench.run("--commbench-model=openai:")
@@ -231,6 +272,41 @@ def test_refinement_rounds_feed_the_verdict_back_and_price_every_round(bench, mo
         assert srv.all_requests == []  # not even a model list
     again = [r for r in bench.records() if r["nodeid"] == NODE][-1]
     assert again["verdict"] == "pass" and again["round"] == 2
+
+
+def test_a_pass_whose_timing_cannot_be_read_asks_for_no_faster_round(bench, monkeypatch):
+    """Timed with one timing round (so no interval: the band is inconclusive), round 1 passes
+    with an answer far slower than the reference (it sleeps in every call): the speedup is
+    below 1 but not readable, so no second, paid request is sent."""
+    (bench.root / "pytest.ini").write_text(
+        (bench.root / "pytest.ini").read_text().replace("commbench_check_only = true\n", ""))
+    slow = _region(REF).replace("    n, rank = comm.Get_size(), comm.Get_rank()\n",
+                                "    import time\n    time.sleep(0.002)\n"
+                                "    n, rank = comm.Get_size(), comm.Get_rank()\n")
+    result, requests = _run(bench, monkeypatch, "openai", [{"text": slow}, {"text": _region(REF)}],
+                            "--commbench-rounds=2")
+    record = _only(bench)
+    assert record["verdict"] == "pass" and record.get("speedup") is not None, record
+    assert record["speedup"] < 1 and record.get("band") == "inconclusive", record
+    assert len(requests) == 1 and record["rounds"] == 1, result.stdout.str()
+
+
+@pytest.mark.parametrize("trust, interval, speedup, asked", [
+    ("contended", [0.064, 9.6], 0.877, False),  # the issue's case: a contended 0.877
+    ("shared", [0.50, 0.55], 0.52, False),
+    ("ok", None, 0.5, False),  # no interval (one timing round): inconclusive
+    ("noisy", [0.40, 2.0], 0.9, False),  # the interval spans bands: inconclusive
+    ("ok", [0.40, 0.55], 0.47, True),  # readable, Severely degraded
+    ("ok", [1.30, 1.40], 1.35, False),  # readable, faster than the reference
+    (None, None, 0.8, True),  # a runner that records no trust: the speedup as it stands
+    (None, None, None, False),  # untimed (check only)
+])
+def test_only_a_readable_speedup_below_one_asks_for_speed(trust, interval, speedup, asked):
+    from pytest_commbench.engine import ItemResult
+    from pytest_commbench.engine.refinement import wants_speed
+
+    result = ItemResult("pass", speedup=speedup, speedup_ci90=interval, timing_trust=trust)
+    assert wants_speed(result) is asked
 
 
 def test_samples_are_items_of_their_own_and_pass_at_k_is_reported(bench, monkeypatch):

@@ -1,6 +1,9 @@
 """Direct prompting with refinement, a strategy over `evaluate`: the model's answer is
-evaluated; a failure, or a pass slower than the reference, is fed back and the model answers
-again, up to `settings.rounds` times (a model that cannot be asked again answers once)."""
+evaluated; a failure, or a pass whose timing shows it slower than the reference, is fed back
+and the model answers again, up to `settings.rounds` times (a model that cannot be asked
+again answers once). A pass whose speedup cannot be read (contended, shared or inconclusive
+timing) ends the rounds: a paid "make it faster" round on a number that says nothing would
+only double the task's cost."""
 
 from __future__ import annotations
 
@@ -10,6 +13,7 @@ from typing import Any
 
 from ..models.base import Candidate
 from ..platforms.base import Platform
+from ..scoring import INCONCLUSIVE, band
 from ..settings import Settings
 from ..tasks import Task
 from ..verdicts import Verdict
@@ -47,8 +51,8 @@ def refine(task: Task, world: int, candidate: Candidate, platform: Platform,
         if result.passed:
             if best is None or (result.speedup or 0) > (best.speedup or 0):
                 best = result
-            if result.speedup is None or result.speedup >= 1.0:
-                stop = "fast enough"
+            if not wants_speed(result):
+                stop = "passed"
         elif result.verdict == Verdict.INFRA_ERROR:
             break  # an outage or a broken reference: asking again would not help
         if stop is None and settings.budget_usd is not None and usage.spent >= settings.budget_usd:
@@ -64,6 +68,19 @@ def refine(task: Task, world: int, candidate: Candidate, platform: Platform,
     if conversation is not None:
         final = replace(final, round=first_pass(history), round_history=history)
     return final
+
+
+def readable(result: ItemResult) -> bool:
+    """Can the pass's speedup be read? Where the summary names its band (`scoring.band`: its
+    90% interval inside one band, the timing neither contended nor shared): the rule the
+    scores are read by, so a round is asked for exactly what the summary calls slower."""
+    return band(result.speedup, result.speedup_ci90, result.timing_trust) not in ("", INCONCLUSIVE)
+
+
+def wants_speed(result: ItemResult) -> bool:
+    """Is a pass worth a paid "make it faster" round? Only where its speedup is readable and
+    below 1 (an untimed pass, a contended or inconclusive timing ends the rounds)."""
+    return result.passed and readable(result) and (result.speedup or 0.0) < 1.0
 
 
 def feedback(result: ItemResult) -> str:

@@ -143,16 +143,40 @@ def ask(spec: ModelSpec, prompt: str, base_url: str | None, timeout_s: float,
                 raise
             dog.check()
     except ImportError as exc:
-        extra = "anthropic" if spec.provider == "anthropic" else "openai"
-        got = Generation(None, error=f"the {extra} SDK is not installed "
-                                     f"(pip install 'pytest-commbench[{extra}]'): {exc}")
+        got = Generation(None, error=sdk_missing(spec.provider, exc))
     except _Unasked as exc:
         got = Generation(None, error=str(exc))
     except Exception as exc:  # noqa: BLE001 - whatever the SDK raises is an outage
-        got = Generation(None, error=_outage(exc, timeout_s))
+        status = refused(exc)
+        if status is not None:  # the key (or its rights) refused: no later request will do
+            request["refused"] = status
+            got = Generation(None, error=f"the endpoint refused the request ({status}): check "
+                                         f"{spec.key_env} and the endpoint; "
+                                         f"{_outage(exc, timeout_s)}")
+        else:
+            got = Generation(None, error=_outage(exc, timeout_s))
     request["seconds"] = round(time.monotonic() - started, 3)
     got.request = request
     return got
+
+
+#: the install command of the providers' SDKs, as the README gives it (the `models` extra)
+SDK_INSTALL = 'pip install -e ".[models]"'
+#: the HTTP statuses of a refused key: unauthenticated, or without the rights asked for
+REFUSED = (401, 403)
+
+
+def sdk_missing(provider: str, exc: BaseException) -> str:
+    """Why a provider's SDK cannot be used, and the command that installs it."""
+    return (f"the {provider} SDK cannot be imported ({exc}); install the providers' SDKs with "
+            f"{SDK_INSTALL}")
+
+
+def refused(exc: BaseException) -> int | None:
+    """The status of an SDK error that refused the key (401, 403), else None: a wrong or
+    revoked key fails every request alike, so the session stops at the first (plugin)."""
+    status = getattr(exc, "status_code", None)
+    return status if status in REFUSED else None
 
 
 def _outage(exc: Exception, timeout_s: float) -> str:

@@ -1,0 +1,44 @@
+"""What the README's install commands give: the quick start's install has everything its
+commands use (`-n` included), and every extra the README or an error message names exists."""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+REPO = Path(__file__).resolve().parent.parent
+README = (REPO / "README.md").read_text(encoding="utf-8")
+PROJECT = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+
+
+def _names(requirements: list[str]) -> set[str]:
+    return {re.split(r"[<>=!~;\[ ]", r, maxsplit=1)[0].strip().lower() for r in requirements}
+
+
+def _quick_start_extras() -> list[str]:
+    """The extras of the README's first install command (the quick start's)."""
+    found = re.search(r'pip install -e "\.\[([a-z,-]+)\]"', README)
+    assert found, "the README's quick start has no `pip install -e \".[...]\"`"
+    return found.group(1).split(",")
+
+
+def test_the_quick_starts_install_gives_parallel_workers():
+    """`pytest suites -n 2` (the README's own example) works after the quick start."""
+    extras = PROJECT["optional-dependencies"]
+    given = _names(PROJECT["dependencies"])
+    for extra in _quick_start_extras():
+        given |= _names(extras[extra])
+    assert "pytest-xdist" in given
+    assert "pytest suites -n 2" in README
+
+
+def test_every_extra_the_readme_names_exists():
+    extras = set(PROJECT["optional-dependencies"])
+    named = {e for group in re.findall(r'\.\[([a-z,-]+)\]', README) for e in group.split(",")}
+    assert named and named <= extras, named - extras
