@@ -286,13 +286,15 @@ def guard_header(patterns: tuple[str, ...], callbacks: list[Callback],
 
 def capabilities(callbacks: list[Callback]) -> tuple[bool, bool]:
     """What the forbidden functions stand for, enforced by what the device does rather than by
-    the name used: (copies, sets). A task that forbids the copy functions forbids copies by
+    the name used: (copies, sets). A task that forbids the plain copy functions (cudaMemcpy
+    and cudaMemcpyAsync: the copy engine itself, not only some of its routes, as a task that
+    moves data with cudaMemcpyAsync but forbids peer or 2D copies does) forbids copies by
     the copy engine by any route (a CUDA graph's memcpy nodes, a batch copy, a prefetch): every
     copy the device makes while the solution's call runs is the solution's (CUPTI's activity
     records); likewise memsets for the memset functions."""
-    names = [c.function for c in callbacks]
-    return (any(n.startswith(("cudaMemcpy", "cuMemcpy")) for n in names),
-            any(n.startswith(("cudaMemset", "cuMemset")) for n in names))
+    names = {c.function for c in callbacks}
+    return ({"cudaMemcpy", "cudaMemcpyAsync"} <= names,
+            {"cudaMemset", "cudaMemsetAsync"} <= names)
 
 
 def build_cupti_guard(patterns: tuple[str, ...], cache_dir: Path,

@@ -165,6 +165,10 @@ def test_forbidden_copy_functions_forbid_what_the_device_does_unless_a_library_i
     assert "#define COMMBENCH_FORBID_COPIES 0" in trusted
     other = resolve(("cuMemAlloc*",), parse_cbids(SYNTHETIC))
     assert cupti_guard.capabilities(other) == (False, False)
+    # some routes of the copy engine forbidden, the copy engine itself the task's method
+    # (p2p/d2h_bounce_copy forbids driver and peer copies, copies with cudaMemcpyAsync)
+    routes = resolve(("cuMemcpy*", "cudaMemcpyPeer*"), parse_cbids(SYNTHETIC))
+    assert routes and cupti_guard.capabilities(routes) == (False, False)
 
 
 def test_libraries_trusted_with_their_own_calls_follow_the_task():
