@@ -164,6 +164,32 @@ def agent_lines(records: list[dict]) -> list[str]:
     return lines
 
 
+def _ci(iv: list[float] | None) -> str:
+    return "" if not iv else f" (90% CI {iv[0]:.3f}-{iv[1]:.3f})"
+
+
+def headline(solutions: list[dict], s) -> list[str]:
+    """The scores' line, leading with what the run measured: correctness alone where nothing
+    was timed (check-only), the speedup scores left out with the reason where every passing
+    item was timed on a contended host (PASS+Good and GM-Speedup would be numbers the
+    machine could not measure), every interval labelled."""
+    passed = f"Pass Rate {_pct(s.pass_rate)} ({s.passes}/{s.applicable})"
+    price = f"Price {money(s.price)}/task"
+    rest = f"   ({s.not_applicable} not applicable)" if s.not_applicable else ""
+    timed = [r for r in solutions if r["verdict"] == Verdict.PASS and r.get("speedup")
+             is not None and not r.get("check_only")]
+    if not timed:
+        return [f"{passed}   {price}{rest}   (correctness only: nothing was timed)"]
+    if all(r.get("timing_trust") == "contended" for r in timed):
+        return [f"{passed}   {price}{rest}",
+                "PASS+Good and GM-Speedup left out: every passing item was timed on a "
+                "contended host (see above), which no number of rounds makes readable; "
+                "--commbench-check-only judges correctness alone"]
+    return [f"{passed}   PASS+Good {_pct(s.pass_good)} ({s.good}/{s.applicable})   "
+            f"GM-Speedup {_num(s.gm_speedup)}{_ci(s.gm_ci90)}   "
+            f"Pass x GM {_num(s.pass_x_gm)}{_ci(s.pass_x_gm_ci90)}   {price}{rest}"]
+
+
 def render(records: list[dict], write_line: WriteLine, write_sep: WriteSep,
            header: str = "commbench") -> None:
     solutions = [r for r in records if r.get("kind", "solution") == "solution"]
@@ -200,14 +226,8 @@ def render(records: list[dict], write_line: WriteLine, write_sep: WriteSep,
                        + "; ".join(doubtful))
         s = score(solutions)
         write_line("")
-        write_line(
-            f"Pass Rate {_pct(s.pass_rate)} ({s.passes}/{s.applicable})   "
-            f"PASS+Good {_pct(s.pass_good)} ({s.good}/{s.applicable})   "
-            f"GM-Speedup {_num(s.gm_speedup)}{_interval(s.gm_ci90)}   "
-            f"Pass x GM {_num(s.pass_x_gm)}{_interval(s.pass_x_gm_ci90)}   "
-            f"Price {money(s.price)}/task"
-            + (f"   ({s.not_applicable} not applicable)" if s.not_applicable else "")
-        )
+        for line in headline(solutions, s):
+            write_line(line)
         fast = fast_line(s)
         if fast:
             write_line(fast)

@@ -24,10 +24,15 @@ def test_reference_passes_and_reports_scores(bench):
         "*commbench: model=reference platform=cpu seed=*",
         "*commbench: model reference on cpu*",
         "collective/ring_allreduce*2*pass*",
-        "Pass Rate 100.0% (1/1)*GM-Speedup*Pass x GM*",
+        "Pass Rate 100.0% (1/1)*",
         "difficulty*tasks*pass*",
         "category*", "library*",
     ])
+    # the speedup scores, or (a contended host: the harness's own word) why they are left out
+    head = next(line for line in result.stdout.lines if line.startswith("Pass Rate 100.0%"))
+    assert ("GM-Speedup" in head and "Pass x GM" in head) or \
+        "PASS+Good and GM-Speedup left out: every passing item was timed on a contended host" \
+        in result.stdout.str(), head
     (record,) = bench.records()
     assert record["verdict"] == "pass" and record["kind"] == "solution"
     assert len(record["sizes"]) == 5 and all(s["speedup"] > 0 for s in record["sizes"])

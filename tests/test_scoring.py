@@ -215,3 +215,28 @@ def test_bootstrap_intervals_hold_the_scores_and_repeat():
         lo, hi = getattr(iv, name)
         assert lo <= getattr(s, name) <= hi and lo < hi
     assert scoring.bootstrap(recs, seed=1) != iv  # other draws, other bounds
+
+
+def _headline(records):
+    from pytest_commbench.report import headline
+
+    return headline(records, scoring.score(records))
+
+
+def test_the_headline_leads_with_what_was_measured():
+    base = {"event": "result", "kind": "solution", "world": 2, "category": "p2p",
+            "library": "mpi", "difficulty": "easy", "model": "m", "candidate": ""}
+    timed = [{**base, "task": f"p2p/t{i}", "nodeid": f"t{i}", "verdict": "pass",
+              "speedup": 1.5, "speedup_ci90": [1.4, 1.6], "timing_trust": "ok"} for i in range(2)]
+    (line,) = _headline(timed)
+    assert "GM-Speedup 1.500 (90% CI " in line and "PASS+Good 100.0%" in line, line
+    contended = [{**r, "timing_trust": "contended"} for r in timed]
+    first, why = _headline(contended)
+    assert first.startswith("Pass Rate 100.0% (2/2)") and "GM-Speedup" not in first
+    assert "left out" in why and "contended" in why and "--commbench-check-only" in why
+    # one readable item keeps the speedup scores
+    assert "GM-Speedup" in _headline([timed[0], contended[1]])[0]
+    checked = [{**r, "speedup": None, "speedup_ci90": None, "check_only": True,
+                "timing_trust": None} for r in timed]
+    (only,) = _headline(checked)
+    assert "nothing was timed" in only and "GM-Speedup" not in only and "PASS+Good" not in only
