@@ -115,13 +115,10 @@ CHEATS = Path(__file__).parent.parent / "fixtures" / "cheats-gpu"
 
 
 @pytest.mark.parametrize("cheat", sorted(p.name for p in CHEATS.iterdir() if p.is_dir()))
-def test_a_gpu_cheat_is_rejected(bench, cheat, request):
+def test_a_gpu_cheat_is_rejected(bench, cheat):
     """Each CUDA cheat of fixtures/cheats-gpu gets a verdict in its `expect` list (a pass
-    only with a speedup no better than its `max_speedup`). A cheat whose class is still open
-    says why in `open`: expected to fail, strictly (its rejection is news to record)."""
+    only with a speedup no better than its `max_speedup`)."""
     spec = tomllib.loads((CHEATS / cheat / "cheat.toml").read_text())
-    if spec.get("open"):
-        request.applymarker(pytest.mark.xfail(reason=spec["open"], strict=True))
     bench.add_task(spec["task"], ranks=2, sizes=spec.get("sizes"))
     if "pass" in spec["expect"]:
         bench.timed()  # a cheat that may pass must be shown to gain nothing: timed
