@@ -31,7 +31,7 @@ from .leaderboard import (
     leaderboard_rows,
 )
 from .models.conversation import sample_folder
-from .report import _num, _pct, model_colours, money
+from .report import _num, _pct, bandwidths, model_colours, money
 from .scoring import FAST_P, cost_known, outcomes, record_band
 
 STYLE = """
@@ -334,15 +334,26 @@ def index_page(board: Board, command: str = "") -> str:
 
 
 def _sizes_table(sizes: list[dict]) -> str:
+    """Per size both sides' times and, for a bandwidth metric, their algbw and busbw (as
+    nccl-tests prints them; busbw where the task names it), and the speedup."""
     if not sizes:
         return ""
+    bw = any(bandwidths(s)[0] is not None for s in sizes)
     head = ("<tr><th>count</th><th>dtype</th><th>bytes</th><th>reference us</th>"
-            "<th>solution us</th><th>speedup</th></tr>")
+            "<th>solution us</th>"
+            + ("<th>algbw GB/s (ref / sol)</th><th>busbw GB/s (ref / sol)</th>" if bw else "")
+            + "<th>speedup</th></tr>")
+
+    def pair(s: dict, which: int) -> str:
+        ref, sol = bandwidths(s, "ref")[which], bandwidths(s)[which]
+        return f'<td class="num">{_num(ref, 2)} / {_num(sol, 2)}</td>'
+
     rows = "".join(
         f'<tr><td class="num">{_e(s.get("count"))}</td><td>{_e(s.get("dtype"))}</td>'
         f'<td class="num">{_e(s.get("bytes"))}</td><td class="num">{_num(s.get("t_ref_us"), 2)}</td>'
         f'<td class="num">{_num(s.get("t_sol_us"), 2)}</td>'
-        f'<td class="num">{_num(s.get("speedup"))}</td></tr>' for s in sizes)
+        + (pair(s, 0) + pair(s, 1) if bw else "")
+        + f'<td class="num">{_num(s.get("speedup"))}</td></tr>' for s in sizes)
     return f'<table class="sizes"><thead>{head}</thead><tbody>{rows}</tbody></table>'
 
 

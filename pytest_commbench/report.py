@@ -164,6 +164,43 @@ def agent_lines(records: list[dict]) -> list[str]:
     return lines
 
 
+def bandwidths(size: dict, role: str = "sol") -> tuple[float | None, float | None]:
+    """(algbw, busbw) in GB/s of one size's `role` ("sol" or "ref"), as nccl-tests prints
+    them: algbw the bytes over the time; busbw the task's metric where its manifest names
+    busbw (algbw times the collective's factor), else None. Both None for a task whose
+    metric is a time."""
+    seconds = (size.get(f"t_{role}_us") or 0) * 1e-6
+    if size.get("unit") != "GB/s" or seconds <= 0 or not size.get("bytes"):
+        return None, None
+    algbw = size["bytes"] / seconds / 1e9
+    return algbw, size.get(f"value_{role}") if size.get("metric") == "busbw" else None
+
+
+def size_rows(records: list[dict]) -> list[list[str]]:
+    """Per size of every passing, timed item with a bandwidth metric, the nccl-tests columns
+    (size, count, type, time, algbw, busbw) of the solution and the reference's time and
+    busbw (algbw where the task names no busbw) beside them, and the speedup."""
+    rows = []
+    for r in sorted(records, key=lambda r: r["nodeid"]):
+        if r["verdict"] != Verdict.PASS or r.get("check_only"):
+            continue
+        for sz in r.get("sizes", []):
+            algbw, busbw = bandwidths(sz)
+            if algbw is None:
+                continue
+            ref_alg, ref_bus = bandwidths(sz, "ref")
+            rows.append([r["task"], r.get("world", ""), sz.get("bytes"), sz.get("count"),
+                         sz.get("dtype"), _num(sz.get("t_sol_us"), 2), _num(algbw, 2),
+                         _num(busbw, 2), _num(sz.get("t_ref_us"), 2),
+                         _num(ref_bus if busbw is not None else ref_alg, 2),
+                         _num(sz.get("speedup"))])
+    return rows
+
+
+SIZE_HEADERS = ["task", "np", "size (B)", "count", "type", "time (us)", "algbw (GB/s)",
+                "busbw (GB/s)", "ref time (us)", "ref bw (GB/s)", "speedup"]
+
+
 def _ci(iv: list[float] | None) -> str:
     return "" if not iv else f" (90% CI {iv[0]:.3f}-{iv[1]:.3f})"
 
@@ -220,6 +257,13 @@ def render(records: list[dict], write_line: WriteLine, write_sep: WriteSep,
             ok = sum(1 for r in built if r["verdict"] == Verdict.PASS)
             write_line(f"compile only (--commbench-compile-only): {ok} of {len(built)} answers "
                        "built, none ran; they are not counted in the scores below")
+        sized = size_rows(solutions)
+        if sized:
+            write_line("")
+            write_line("per size, as nccl-tests prints it (the solution; ref bw: the "
+                       "reference's busbw, or algbw where the task names no busbw):")
+            for line in tabulate(sized, headers=SIZE_HEADERS).splitlines():
+                write_line(line)
         doubtful = unreadable(solutions)
         if doubtful:
             write_line(f"speedups not to be read as they stand ({len(doubtful)}): "

@@ -138,9 +138,12 @@ def test_a_slower_solution_gets_a_speedup_below_one(bench):
                        "--commbench-timing-max-rounds=2", "--junitxml=out.xml")
     result.assert_outcomes(passed=1)
     (record,) = bench.records()
-    # the slow solution sleeps 3 ms per call; the reference needs far less at most sizes
-    assert record["speedup"] < 0.5
-    assert sorted(s["speedup"] for s in record["sizes"])[2] < 0.7  # the median size
+    # the slow solution sleeps 3 ms per call; the reference needs far less at most sizes (how
+    # much less depends on the host's load: the bounds hold where the harness saw none)
+    assert record["speedup"] < 1.0
+    if record["timing_trust"] == "ok":
+        assert record["speedup"] < 0.5
+        assert sorted(s["speedup"] for s in record["sizes"])[2] < 0.7  # the median size
     lo, hi = record["speedup_ci90"]
     assert lo < record["speedup"] < hi
     # a band where the host was not busy with other work meanwhile (other tests' busy loops
@@ -148,8 +151,10 @@ def test_a_slower_solution_gets_a_speedup_below_one(bench):
     assert record["timing_trust"] in ("ok", "noisy", "contended")
     if record["timing_trust"] == "contended":
         assert record["band"] == "inconclusive"
-    else:
+    elif record["timing_trust"] == "ok":
         assert hi < 0.6 and record["band"] == "Severely degraded", record["host_load"]
+    else:  # noisy: a wide interval, never a band that calls the slower solution good
+        assert record["band"] in ("Severely degraded", "Degraded", "inconclusive"), record
     xml = (bench.root / "out.xml").read_text()
     assert f'name="commbench.timing_trust" value="{record["timing_trust"]}"' in xml
     assert 'name="commbench.speedup_ci90_hi"' in xml

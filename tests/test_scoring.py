@@ -240,3 +240,29 @@ def test_the_headline_leads_with_what_was_measured():
                 "timing_trust": None} for r in timed]
     (only,) = _headline(checked)
     assert "nothing was timed" in only and "GM-Speedup" not in only and "PASS+Good" not in only
+
+
+def test_per_size_bandwidths_are_the_nccl_tests_columns():
+    """algbw = bytes / time; busbw = the task's busbw metric (algbw x the collective's
+    factor) where its manifest names busbw; nothing for a metric that is a time."""
+    from pytest_commbench.htmlreport import _sizes_table
+    from pytest_commbench.report import bandwidths, size_rows
+
+    # 1 MiB all-reduce at 2 ranks: busbw = algbw x 2 (n - 1) / n = algbw
+    size = {"count": 262144, "dtype": "float32", "bytes": 1 << 20, "t_sol_us": 10.0,
+            "t_ref_us": 20.0, "speedup": 2.0, "metric": "busbw", "unit": "GB/s",
+            "value_sol": 104.8576, "value_ref": 52.4288}
+    algbw, busbw = bandwidths(size)
+    assert algbw == pytest.approx((1 << 20) / 10e-6 / 1e9) and busbw == 104.8576
+    assert bandwidths(size, "ref") == (pytest.approx((1 << 20) / 20e-6 / 1e9), 52.4288)
+    assert bandwidths({**size, "metric": "algbw"})[1] is None
+    assert bandwidths({**size, "metric": "latency", "unit": "us"}) == (None, None)
+    record = {"task": "collective/x", "world": 2, "nodeid": "x", "verdict": "pass",
+              "sizes": [size, {**size, "metric": "latency", "unit": "us"}]}
+    (row,) = size_rows([record])
+    assert row[:5] == ["collective/x", 2, 1 << 20, 262144, "float32"]
+    assert row[5:] == ["10.00", "104.86", "104.86", "20.00", "52.43", "2.000"]
+    assert size_rows([{**record, "verdict": "wrong_answer"}]) == []
+    page = _sizes_table([size])
+    assert "busbw GB/s (ref / sol)" in page and "52.43 / 104.86" in page
+    assert "busbw" not in _sizes_table([{**size, "metric": "latency", "unit": "us"}])
