@@ -216,7 +216,7 @@ def headline(solutions: list[dict], s) -> list[str]:
     timed = [r for r in solutions if r["verdict"] == Verdict.PASS and r.get("speedup")
              is not None and not r.get("check_only")]
     if not timed:
-        return [f"{passed}   {price}{rest}   (correctness only: nothing was timed)"]
+        return [f"{passed}   {price}   (correctness only: nothing was timed){rest}"]
     if all(r.get("timing_trust") == "contended" for r in timed):
         return [f"{passed}   {price}{rest}",
                 "PASS+Good and GM-Speedup left out: every passing item was timed on a "
