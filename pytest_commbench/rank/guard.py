@@ -834,8 +834,46 @@ def install(*, solution: str, writable: list[str], report: str,
                 return dtype
             return "<" + name_of(_type(value)) + ">"
 
+        def numpy_memory(args) -> str | None:
+            """numpy's own words for an allocation it could not make (its MemoryError keeps
+            the shape and the dtype, and words them in a method of its own, not called)."""
+            if _len(args) != 2 or not is_a(args[0], _tuple):
+                return None
+            shape = tuple_items(args[0], _slice(0, 33))
+            dtype = dtype_name(args[1])
+            if dtype is None or _len(shape) > 32 or _any(_type(x) is not _int for x in shape):
+                return None
+            bits = "".join(c for c in dtype if "0" <= c <= "9")
+            wording = ("Unable to allocate an array with shape " + shown(args[0], 0)
+                       + " and data type " + dtype)
+            if not bits or _len(bits) > 3:
+                return wording
+            size = int(bits) // 8 or 1
+            for dim in shape:
+                size = size * dim
+            if size < 0 or size > 1 << 80:
+                return wording
+            unit = 0
+            scaled = size
+            while scaled >= 1024 and unit < 6:
+                scaled, unit = scaled / 1024, unit + 1
+            number = float_repr(round(scaled, 1)) if unit else _int_repr(size)
+            return ("Unable to allocate " + number + " " + ("B", "KiB", "MiB", "GiB", "TiB",
+                    "PiB", "EiB")[unit] + " for an array with shape " + shown(args[0], 0)
+                    + " and data type " + dtype)
+
+        args = _exc_args(exc)
+        worded = None
+        if is_a(exc, MemoryError) and _type(exc) is not MemoryError:  # numpy's subclass
+            try:
+                worded = numpy_memory(args)
+            except _BaseException:
+                worded = None
+        if worded is not None:
+            lines.append("MemoryError: " + worded)
+            return "\n".join(lines)[-limit:]
         parts = []
-        for arg in _exc_args(exc):
+        for arg in args:
             try:
                 parts.append(shown(arg, 0))
             except _BaseException:  # an integer too long to show, a value too deep
