@@ -236,6 +236,15 @@ def problem(entry: dict[str, Any]) -> str | None:
     return None
 
 
+def _unreadable(raw: bytes) -> str:
+    try:
+        json.loads(raw)
+    except ValueError:
+        return (f"not a whole JSON line ({len(raw):,} bytes; cut short by a crash or edited "
+                f"by hand)")
+    return "a JSON value that is not an object"
+
+
 def _say_skipped(path: Path, number: int, reason: str) -> None:
     print(f"commbench: {path}:{number}: line skipped: {reason}", file=sys.stderr)
 
@@ -336,7 +345,8 @@ def entries(path: Path, upto: int | None = None,
     number, why; by default a line on stderr)."""
     with open(path, "rb") as f:
         data = f.read() if upto is None else f.read(upto)
-    for number, raw in enumerate(data.split(b"\n"), 1):
+    lines = data.split(b"\n")
+    for number, raw in enumerate(lines, 1):
         raw = raw.strip()
         if not raw:
             continue
@@ -344,6 +354,10 @@ def entries(path: Path, upto: int | None = None,
         if entry is None:
             entry = _recover(raw)
             if entry is None:
+                # the unterminated end is a write cut short (or still going on): silent;
+                # a whole line that is no JSON object was cut or edited: said
+                if skipped is not None and number < len(lines):
+                    skipped(path, number, _unreadable(raw))
                 continue
         why = problem(entry)
         if why is not None:

@@ -476,6 +476,24 @@ def test_a_record_that_lies_is_skipped_saying_where_and_the_rest_is_reported(tmp
     assert "Pass Rate 100.0% (1/1)" in _report(path)
 
 
+def test_a_line_that_is_no_json_object_is_named_unless_it_is_the_unfinished_end(tmp_path,
+                                                                                capsys):
+    """A whole line that does not parse (cut short and written after, or edited) or parses
+    to no object is named with its file and line; the log's unterminated end, a write a
+    crash cut short, is skipped without a word."""
+    path = tmp_path / "results.jsonl"
+    ok = {**COMMON, "event": "result", "nodeid": "a", "task": "a", "verdict": "pass",
+          "speedup": 1.0, "sizes": []}
+    path.write_text(json.dumps(ok) + "\n" + '{"event": "result", "nodeid": "b' + "\n"
+                    + "[1, 2, 3]\n" + json.dumps({**ok, "nodeid": "c"}) + "\n"
+                    + '{"event": "res')
+    assert [r["nodeid"] for r in load(path)] == ["a", "c"]
+    err = capsys.readouterr().err
+    assert f"{path}:2: line skipped: not a whole JSON line" in err, err
+    assert f"{path}:3: line skipped: a JSON value that is not an object" in err, err
+    assert f"{path}:5:" not in err, err
+
+
 def test_a_torn_line_of_a_megabyte_is_read_in_one_pass(tmp_path):
     """A line cut short holding a megabyte of inner objects (a record's requests and sizes)
     is skipped without parsing it once per inner object (that took a minute)."""
