@@ -673,7 +673,9 @@ def cmd_export(args: argparse.Namespace) -> int:
     return 0 if written else 1
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The `commbench` command line: every subcommand and its options (docs/options.md is
+    made from it, and the docs' commands are checked against it)."""
     parser = argparse.ArgumentParser(prog="commbench", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -805,7 +807,11 @@ def main(argv: list[str] | None = None) -> int:
                           "(its first record's fingerprint)")
     prm.set_defaults(func=cmd_prompt)
     evaluate_cli.add_parser(sub)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     try:
         return args.func(args)
     except BrokenPipeError:  # `commbench report ... | head`

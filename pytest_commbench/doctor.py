@@ -7,8 +7,6 @@ built or launched except the sandbox's own probe (one empty namespace)."""
 from __future__ import annotations
 
 import importlib.metadata
-import shutil
-import subprocess
 import sys
 from collections import Counter
 from collections.abc import Callable
@@ -26,22 +24,13 @@ def _package(name: str) -> str | None:
         return None
 
 
-def _first_line(argv: list[str]) -> str:
-    try:
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=20)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return f"({exc.__class__.__name__})"
-    text = (done.stdout or done.stderr).strip().splitlines()
-    return next((x for x in text if "release" in x or "version" in x.lower()),
-                text[0] if text else "")
-
-
-def checks() -> list[Line]:
-    from .build import cuda_runtime_dir, find_cuda_libs
-    from .cupti_guard import find_cupti
+def checks(platform_name: str | None = None) -> list[Line]:
+    """What every platform needs (Python, MPI, the packages, the job sandbox), then what the
+    platform `platform_name` needs (its `doctor_rows`: the vendor's GPUs, compiler and
+    libraries). The CPU platform needs no more: there each vendor's GPUs are listed, and
+    `--platform NAME` lists what a GPU platform needs."""
     from .launch import find_mpiexec, mpi_version
-    from .platforms import detect
-    from .platforms.nvidia import mps_control, nvidia_gpus
+    from .platforms import VENDOR_MODULES, detect, make
     from .sandbox import probe
 
     out: list[Line] = [("python", "found", sys.version.split()[0]),
@@ -51,55 +40,39 @@ def checks() -> list[Line]:
                 f"{mpiexec} ({mpi_version()})" if mpiexec else
                 "install an MPI (pip install -e '.[mpi]' brings Open MPI)"))
     for pkg, why in (("mpi4py", "the harness's MPI"), ("numpy", "inputs and checks"),
-                     ("cupy-cuda13x", "CuPy tasks and GPU buffers (pip install -e '.[gpu]')"),
                      ("openai", "OpenAI-compatible models (pip install -e '.[models]')"),
                      ("anthropic", "Anthropic models (pip install -e '.[models]')"),
                      ("genai-prices", "model prices")):
-        version = _package(pkg) or (_package("cupy") if pkg == "cupy-cuda13x" else None)
+        version = _package(pkg)
         out.append((pkg, "found" if version else "missing", version or why))
     why_not = probe()
     out.append(("job sandbox", "found" if why_not is None else "missing",
                 "Linux namespaces (unshare)" if why_not is None else
                 f"{why_not}; --commbench-unsandboxed runs without one"))
-    gpus = nvidia_gpus()
-    out.append(("NVIDIA GPUs", "found" if gpus else "missing",
-                ", ".join(f"{g.get('name', '?')}" for g in gpus) if gpus else
-                "nvidia-smi lists none (the CPU platform still runs)"))
-    if gpus:
-        out.append(("driver", "found", gpus[0].get("driver", "")))
-    nvcc = shutil.which("nvcc")
-    out.append(("nvcc", "found" if nvcc else "missing",
-                f"{nvcc}: {_first_line([nvcc, '--version'])}" if nvcc else
-                "the CUDA toolkit's compiler, for the CUDA tasks"))
-    runtime = cuda_runtime_dir()
-    out.append(("CUDA runtime", "found" if runtime else "missing", str(runtime or "libcudart")))
-    libs = find_cuda_libs()
-    out.append(("NCCL", "found" if libs.nccl_include else "missing",
-                f"{libs.nccl_version} ({libs.nccl_include})" if libs.nccl_include else
-                "headers and library (pip install -e '.[gpu]' brings nvidia-nccl-cu13)"))
-    out.append(("NVSHMEM", "found" if libs.nvshmem_include else "missing",
-                f"{libs.nvshmem_version} ({libs.nvshmem_include})" if libs.nvshmem_include
-                else "headers and library (nvidia-nvshmem-cu13)"))
-    cupti = find_cupti()
-    out.append(("CUPTI", "found" if cupti else "missing",
-                "the run-time guard of CUDA tasks" if cupti else
-                "without it, forbidden CUDA calls are checked by symbol only"))
-    control = mps_control()
-    out.append(("MPS control", "found" if control else "missing",
-                control or "needed only with --commbench-ranks-per-gpu"))
-    out.append(("platform auto", "found", detect()))
+    auto = detect()
+    platform = make(platform_name or auto)
+    if platform is None:
+        raise ValueError(f"unknown platform {platform_name!r}")
+    own = platform.doctor_rows()
+    if own:
+        out += own
+    else:  # the CPU platform: which GPUs are here, for the GPU platforms
+        out += [module.gpus_row() for module in VENDOR_MODULES.values()]
+    out.append(("platform auto", "found", auto))
     return out
 
 
-def runnable(platform_name: str, suites: Path, ranks_per_gpu: int = 1
-             ) -> tuple[int, Counter, list[str]]:
-    """(items runnable, skips by reason, manifest errors) of the suites on a platform."""
+def runnable(platform_name: str, suites: Path, ranks_per_gpu: int = 1,
+             compile_only: bool = False) -> tuple[int, Counter, list[str]]:
+    """(items runnable, skips by reason, manifest errors) of the suites on a platform (with
+    `compile_only`: the items whose answers it can build, as --commbench-compile-only)."""
     from .platforms import make
     from .tasks import load_suite
 
     platform = make(platform_name)
     if platform is None:
         raise ValueError(f"unknown platform {platform_name!r}")
+    platform.compile_only = compile_only
     if ranks_per_gpu > 1 and hasattr(platform, "place"):
         platform.place(ranks_per_gpu)
     ok, skips = 0, Counter()
@@ -119,11 +92,11 @@ def report(platform_name: str | None, suites: Path, ranks_per_gpu: int,
     """Print the checks and what they leave runnable; 0 when at least one item can run."""
     from tabulate import tabulate
 
-    from .platforms import detect
+    from .platforms import NAMES, GpuPlatform, detect, make
 
-    lines = checks()
-    write(tabulate(lines, headers=["what", "", "detail"]))
     name = platform_name or detect()
+    lines = checks(name)
+    write(tabulate(lines, headers=["what", "", "detail"]))
     ok, skips, errors = runnable(name, suites, ranks_per_gpu)
     write("")
     write(f"platform {name}: {ok} item{'s' * (ok != 1)} of {suites} can run here"
@@ -132,4 +105,15 @@ def report(platform_name: str | None, suites: Path, ranks_per_gpu: int,
         write(f"  {n} skipped: {why}")
     for error in errors:
         write(f"  broken manifest: {error}")
+    platform = make(name)
+    if isinstance(platform, GpuPlatform):  # its answers build wherever its compiler is
+        built, not_built, _ = runnable(name, suites, ranks_per_gpu, compile_only=True)
+        write(f"--commbench-compile-only builds every answer for {name} "
+              f"({platform.profile.arch}) and stops there, no GPU needed: {built} "
+              f"item{'s' * (built != 1)} of {suites} can be built here")
+        for why, n in not_built.most_common():
+            write(f"  {n} not built: {why}")
+    else:
+        write("commbench doctor --platform NAME lists what a GPU platform needs (NAME: "
+              + ", ".join(n for n in NAMES if n != "cpu") + ")")
     return 0 if ok else 1

@@ -748,7 +748,7 @@ README_SECTION = "leaderboard"
 
 
 def leaderboard_markdown(board: Board) -> str:
-    """Table 2 as markdown, with the note on intervals and tiers (the README's block)."""
+    """Table 2 as markdown, with the note on intervals and tiers (docs/reports.md's block)."""
     t = next(t for t in tables(board) if t.title.startswith("Table 2"))
     return "\n".join([tabulate(t.rows, headers=t.headers, tablefmt="github",
                                disable_numparse=True), "", t.note])

@@ -27,7 +27,7 @@ from typing import Any
 
 import pytest
 
-from .platforms import PROFILES, detect
+from .platforms import GENERIC, NAMES, PROFILES, detect
 from .results import ResultsLog, RunBusy, RunLock, finished
 from .settings import RunSettings
 
@@ -124,7 +124,19 @@ class Option:
 
 
 MODEL_DESC = "where solutions come from: reference, template, mutants, dir:PATH or a registered model"
-PLATFORM_DESC = "platform to run on: auto (default), cpu, h200, b300, gh200, mi325x or a registered one"
+
+
+def _platform_desc() -> str:
+    """The --platform help, from the platforms' own registry (a new profile is listed with
+    nothing written here); a profile `auto` never picks says so."""
+    named = [f"{n} (by name only)" if n in PROFILES and not PROFILES[n].detected else n
+             for n in NAMES]
+    generic = " or ".join(GENERIC.values())
+    return (f"platform to run on: auto (default: this machine's GPUs' profile, {generic} "
+            f"for GPUs no profile names, else cpu), {', '.join(named)}, or a registered one")
+
+
+PLATFORM_DESC = _platform_desc()
 SEED_DESC = "secret seed of the random inputs (default: a fresh one per run, printed)"
 TIMEOUT_DESC = "per-job deadline in seconds (default: the task manifest's timeout)"
 RUNS_DESC = "where result logs and scratch directories go (default {default})"

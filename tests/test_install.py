@@ -38,7 +38,11 @@ def test_the_quick_starts_install_gives_parallel_workers():
     assert "pytest suites -n 2" in README
 
 
-def test_every_extra_the_readme_names_exists():
+def test_every_extra_the_readme_and_the_docs_name_exists():
     extras = set(PROJECT["optional-dependencies"])
-    named = {e for group in re.findall(r'\.\[([a-z,-]+)\]', README) for e in group.split(",")}
-    assert named and named <= extras, named - extras
+    for page in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]:
+        text = page.read_text(encoding="utf-8")
+        named = {e for group in re.findall(r'\.\[([a-z0-9,-]+)\]', text)
+                 for e in group.split(",")}
+        assert named <= extras, (page.name, named - extras)
+    assert re.findall(r'\.\[([a-z,-]+)\]', README)

@@ -477,16 +477,17 @@ def test_the_command_prints_every_table_and_the_text_figures(tmp_path):
     assert "reference" in bar and "#" * 30 in bar and "100.0%" in bar
 
 
-def test_the_readme_shows_the_leaderboard_of_the_fixtures(board):
-    readme = (REPO / "README.md").read_text()
+def test_the_reports_page_shows_the_leaderboard_of_the_fixtures(board):
+    page = (REPO / "docs" / "reports.md").read_text()
     begin = f"<!-- commbench:{leaderboard.README_SECTION} -->\n"
     end = f"\n<!-- /commbench:{leaderboard.README_SECTION} -->"
-    block = readme[readme.index(begin) + len(begin):readme.index(end)]
+    block = page[page.index(begin) + len(begin):page.index(end)]
     assert block == leaderboard.leaderboard_markdown(board)
     for name in FIGURES:
-        assert f"(docs/leaderboard/{name})" in readme
+        assert f"(leaderboard/{name})" in page
         assert (REPO / "docs" / "leaderboard" / name).stat().st_size > 0
-    assert "commbench report fixtures/leaderboard/h200/*.jsonl" in readme
+    assert "commbench report fixtures/leaderboard/h200/*.jsonl" in page
+    assert "--readme docs/reports.md" in page  # the command that writes the block
 
 
 def test_the_pytest_summary_is_the_same_renderer(bench):

@@ -74,3 +74,19 @@ def test_an_amd_gpu_without_a_profile_gets_one_from_the_kfd_topology(tmp_path, m
     assert (profile.arch, profile.gpus_per_node, profile.interconnect, profile.model) == \
         ("gfx942", 4, "xgmi", "MI300X")
     assert {"rccl", "hip-ipc", "xgmi"} <= profile.features and profile.languages == ("hip",)
+
+
+def test_the_platform_option_lists_every_platform_of_the_registry(pytester):
+    """`pytest --help` names every platform the registry has (h200-hip, which auto never
+    picks, marked so) and the generic ones: the list is the registry's, not a copy."""
+    from pytest_commbench.profiles import NAMES, PROFILES
+
+    result = pytester.runpytest_subprocess("--help")
+    text = " ".join(result.stdout.str().split())
+    text = text.replace("- ", "-")  # help lines may wrap at a hyphen
+    start = text.index("--platform=")
+    shown = text[start:text.index("--commbench-", start)]
+    for name in (*NAMES, *GENERIC.values()):
+        assert name in shown, (name, shown)
+    assert all(f"{n} (by name only)" in shown for n in NAMES
+               if n in PROFILES and not PROFILES[n].detected)

@@ -110,6 +110,28 @@ def test_a_reply_with_only_the_region_is_merged_and_passes(bench):
     result.assert_outcomes(passed=1)
 
 
+def test_a_dir_model_is_named_by_its_folder_in_every_report(bench, tmp_path):
+    """`dir:PATH` is named `dir:<folder>` in the summary, the log, run.json, `commbench runs`
+    and `commbench report`: the absolute path of one machine is in none of them (issue 41)."""
+    import shutil
+
+    answers = tmp_path / "deep" / "kimi-answers"
+    shutil.copytree(bench.solution_dir("reply_regions"), answers)
+    bench.add_task()
+    result = bench.run(f"--commbench-model=dir:{answers}")
+    result.assert_outcomes(passed=1)
+    assert "commbench: model dir:kimi-answers on cpu" in result.stdout.str()
+    (record,) = bench.records()
+    assert record["model"] == "dir:kimi-answers"
+    (run,) = (bench.root / "runs").glob("*/run.json")
+    assert '"model": "dir:kimi-answers"' in run.read_text()
+    for argv in (["runs", "runs"], ["report", "runs"]):
+        done = subprocess.run([sys.executable, "-m", "pytest_commbench.cli", *argv],
+                              cwd=bench.root, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+        assert "dir:kimi-answers" in done.stdout and str(tmp_path / "deep") not in done.stdout
+
+
 def test_missing_solution_is_no_solution(bench, tmp_path):
     bench.add_task()
     (tmp_path / "empty").mkdir()

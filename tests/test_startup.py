@@ -189,17 +189,67 @@ def test_a_contended_timing_adds_no_rounds(bench):
     assert "timing stopped after 1 rounds" in result.stdout.str()
 
 
-def test_doctor_says_what_is_found_and_what_can_run():
-    done = subprocess.run([sys.executable, "-m", "pytest_commbench.cli", "doctor",
-                           str(REPO / "suites"), "--platform", "cpu"],
+def _doctor(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "pytest_commbench.cli", "doctor",
+                           str(REPO / "suites"), *args],
                           capture_output=True, text=True, timeout=300)
+
+
+def _rows(out: str) -> set[str]:
+    """The `what` column of doctor's table."""
+    table = out.split("\n\n")[0].splitlines()[2:]
+    return {line.split("  ")[0].strip() for line in table}
+
+
+def test_doctor_says_what_is_found_and_what_can_run():
+    from pytest_commbench.profiles import NAMES
+
+    done = _doctor("--platform", "cpu")
     out = done.stdout
-    for what in ("mpiexec", "mpi4py", "job sandbox", "NVIDIA GPUs", "nvcc", "NCCL"):
-        assert what in out
+    assert {"mpiexec", "mpi4py", "job sandbox", "NVIDIA GPUs", "AMD GPUs"} <= _rows(out)
+    assert "nvcc" not in _rows(out)  # the CPU platform builds nothing
     line = next(x for x in out.splitlines() if x.startswith("platform cpu:"))
     runnable = int(line.split(":")[1].split()[0])
     assert (done.returncode == 0) == (runnable > 0)
     assert "skipped" not in out or "task runs on" not in out  # other platforms' tasks: no gap
+    hint = next(x for x in out.splitlines() if "--platform NAME lists" in x)
+    assert all(name in hint for name in NAMES if name != "cpu")  # h200-hip included
+
+
+def test_doctor_lists_what_each_vendors_platform_needs_and_what_builds_without_a_gpu():
+    """`--platform mi325x`: the AMD rows (GPUs, ROCm, the HIP compiler and device libraries,
+    HIP's runtime, RCCL, cupy's ROCm build), none of NVIDIA's, and how many answers
+    --commbench-compile-only builds here for gfx942; `--platform h200`: NVIDIA's rows."""
+    amd = _doctor("--platform", "mi325x")
+    rows = _rows(amd.stdout)
+    assert {"AMD GPUs", "ROCm", "HIP compiler", "HIP device libraries", "HIP runtime", "RCCL",
+            "cupy for ROCm"} <= rows, amd.stdout
+    assert not rows & {"NVIDIA GPUs", "nvcc", "NCCL", "NVSHMEM", "CUPTI", "MPS control"}
+    line = next(x for x in amd.stdout.splitlines() if x.startswith("--commbench-compile-only"))
+    assert "builds every answer for mi325x (gfx942)" in line and "no GPU needed" in line
+    nvidia = _rows(_doctor("--platform", "h200").stdout)
+    assert {"NVIDIA GPUs", "nvcc", "CUDA runtime", "NCCL", "NVSHMEM", "CUPTI",
+            "MPS control"} <= nvidia
+    assert not nvidia & {"AMD GPUs", "HIP compiler", "RCCL"}
+
+
+def test_doctor_finds_amd_gpus_and_the_hip_build(monkeypatch):
+    """The AMD rows read what the platform itself uses: its GPUs (here a fake KFD's two
+    MI325X) and the compiler and libraries its recipe builds with."""
+    from pytest_commbench import doctor
+    from pytest_commbench.platforms import amd
+
+    two = [amd.AmdGpu(node=i + 1, gpu_id=i + 7, gfx="gfx942", device_id=0x74A5, model="MI325X")
+           for i in range(2)]
+    monkeypatch.setattr(amd, "gpus", lambda: two)
+    monkeypatch.delenv("HIP_VISIBLE_DEVICES", raising=False)
+    monkeypatch.delenv("ROCR_VISIBLE_DEVICES", raising=False)
+    rows = {what: (state, detail) for what, state, detail in doctor.checks("mi325x")}
+    assert rows["AMD GPUs"] == ("found", "MI325X (gfx942), MI325X (gfx942)")
+    compiler = "found" if amd.rocm_path() or shutil.which("clang++-19") else "missing"
+    assert rows["HIP compiler"][0] == compiler
+    monkeypatch.setenv("HIP_VISIBLE_DEVICES", "")  # HIP shows the process no GPU
+    assert dict((w, s) for w, s, _ in doctor.checks("mi325x"))["AMD GPUs"] == "missing"
 
 
 def test_doctor_names_why_a_gpu_platform_cannot_run_here(monkeypatch):

@@ -73,7 +73,9 @@ class DirModel(Model):
 
     def __init__(self, root: Path) -> None:
         self.root = root
-        self.name = f"dir:{root}"
+        # named by its folder, as a model is: the absolute path said where the answers lay on
+        # one machine in every report (issue 41); run.json's args keep the path given
+        self.name = f"dir:{root.resolve().name or root}"
 
     def candidates(self, task, references):
         folder = self.root / task.relpath

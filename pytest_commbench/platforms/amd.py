@@ -56,10 +56,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..build import build_hip, rocm_path
+from ..build import DEBIAN_DEVICE_LIBS, build_hip, rccl_library, rocm_path
 from ..profiles import PROFILES, GpuProfile
 from ..tasks import Task
-from .gpu import GENERIC, GpuPlatform, _run
+from .base import DoctorRow
+from .gpu import GENERIC, GpuPlatform, _run, version_line
+from .gpu import row as doctor_row
 
 KFD_NODES = Path("/sys/class/kfd/kfd/topology/nodes")
 AMD_VENDOR_ID = 0x1002
@@ -360,6 +362,66 @@ def cupy_for_rocm() -> bool:
                for d in importlib.metadata.distributions())
 
 
+def rocm_version(root: Path = Path("/opt/rocm")) -> str | None:
+    """ROCm's version as its install states it (`.info/version`), None without ROCm."""
+    for name in ("version", "version-dev"):
+        try:
+            return (root / ".info" / name).read_text().strip()
+        except OSError:
+            continue
+    return None
+
+
+def gpus_row() -> DoctorRow:
+    """This machine's AMD GPUs (the KFD topology's, else ROCm's tools'), as the visibility
+    variables leave them (`commbench doctor`)."""
+    here = visible(gpus())
+    return doctor_row("AMD GPUs", here, ", ".join(f"{g.model} ({g.gfx})" for g in here),
+               "neither the KFD topology (/sys/class/kfd) nor amd-smi or rocminfo lists one")
+
+
+def doctor_rows(arch: str) -> list[DoctorRow]:
+    """What an AMD platform needs of the machine: GPUs, a HIP compiler with the device
+    libraries for `arch`, HIP's runtime, RCCL, cupy's ROCm build (the ranks' HIP backend)."""
+    rocm = rocm_path()
+    out = [gpus_row()]
+    version = rocm_version(rocm or Path("/opt/rocm"))
+    out.append(doctor_row("ROCm", version, f"{version} ({rocm or '/opt/rocm'})",
+                   "not installed: Debian's clang-19 and ROCm device libraries build instead"))
+    clang = shutil.which("clang++-19")
+    if rocm is not None:
+        compiler = rocm / "bin" / "amdclang++"
+        out.append(("HIP compiler", "found",
+                    f"{compiler}: {version_line([str(compiler), '--version'])}"))
+        out.append(("HIP device libraries", "found", f"ROCm's, for {arch}"))
+    else:
+        out.append(doctor_row("HIP compiler", clang,
+                       f"{clang}: {version_line([str(clang), '--version'])} (-x hip "
+                       f"--offload-arch={arch})",
+                       "ROCm's amdclang++ (ROCM_PATH or /opt/rocm), or Debian's clang-19 with "
+                       "clang-tools-19 and lld-19"))
+        isa = DEBIAN_DEVICE_LIBS / f"oclc_isa_version_{arch[3:]}.bc"
+        assemble = shutil.which("llvm-as-19")
+        libs = DEBIAN_DEVICE_LIBS.is_dir() and (isa.exists() or assemble)
+        out.append(doctor_row("HIP device libraries", libs,
+                       f"{DEBIAN_DEVICE_LIBS} (Debian's ROCm device libraries"
+                       + (")" if isa.exists() else f"; {arch}'s ISA file made with llvm-as-19)"),
+                       "Debian's rocm-device-libs and llvm-19 (the bitcode the HIP build "
+                       f"links for {arch}), or ROCm"))
+    header = next((h for h in ([rocm / "include"] if rocm else []) + [Path("/usr/include")]
+                   if (h / "hip" / "hip_runtime.h").exists()), None)
+    out.append(doctor_row("HIP runtime", header, f"{header}/hip/hip_runtime.h (linked: libamdhip64)",
+                   "HIP's headers and libamdhip64 (ROCm, or Debian's libamdhip64-dev)"))
+    rccl, lib = rccl_version(rocm), rccl_library(rocm)
+    out.append(doctor_row("RCCL", rccl and lib, f"{rccl} ({lib})",
+                   "RCCL's headers and library (ROCm's rccl): without them the RCCL tasks "
+                   "build against the project's declarations of its API and cannot run"))
+    out.append(doctor_row("cupy for ROCm", cupy_for_rocm(), "the ranks' HIP backend",
+                   "a cupy-rocm-* package: the ranks' buffers, streams and IPC on AMD GPUs "
+                   "(without it, items are skipped saying so)"))
+    return out
+
+
 class AmdPlatform(GpuPlatform):
     backend = "hip"
     VISIBLE_ENV = "HIP_VISIBLE_DEVICES"
@@ -387,6 +449,9 @@ class AmdPlatform(GpuPlatform):
     def build(self, task: Task, source: str, cache_dir: Path):
         return build_hip(task, source, cache_dir, self.profile.arch)
 
+    def doctor_rows(self) -> list[DoctorRow]:
+        return doctor_rows(self.profile.arch)
+
     def env(self) -> dict[str, str]:
         return dict(self.SAFETY_ENV)
 
@@ -401,12 +466,9 @@ class AmdPlatform(GpuPlatform):
             "interconnect": self.interconnect,
             "placement": self.placement(),
         })
-        for version in (Path("/opt/rocm/.info/version"), Path("/opt/rocm/.info/version-dev")):
-            try:
-                info["rocm"] = version.read_text().strip()
-                break
-            except OSError:
-                continue
+        rocm = rocm_version()
+        if rocm:
+            info["rocm"] = rocm
         if len(here) > 1:
             info["gpu0_gpu1_link"] = link_matrix(here)[0][1]
         rccl = rccl_version(rocm_path())

@@ -13,6 +13,9 @@ from ..build import Artifact, build_python
 from ..launch import find_mpiexec, mpi_version
 from ..tasks import Task
 
+#: one row of `commbench doctor`: (what, "found" or "missing", detail)
+DoctorRow = tuple[str, str, str]
+
 
 class Platform:
     name = "base"
@@ -65,6 +68,12 @@ class Platform:
         """The command that runs a rank under the vendor's memory checker with `tool`, its
         reports in `out` (SANITIZER_LOG, per rank); None where the platform has none."""
         return None
+
+    def doctor_rows(self) -> list[DoctorRow]:
+        """What this platform needs of the machine beyond Python, MPI and the sandbox (the
+        vendor's GPUs, compiler and libraries), each found or missing with where or why:
+        `commbench doctor --platform NAME` lists them. The CPU platform needs nothing more."""
+        return []
 
     def fingerprint(self) -> dict[str, Any]:
         import numpy

@@ -39,6 +39,22 @@ def _run(argv: list[str]) -> str:
     return done.stdout if done.returncode == 0 else ""
 
 
+def version_line(argv: list[str]) -> str:
+    """The line of a tool's version output that names its version (else its first line)."""
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"({exc.__class__.__name__})"
+    text = (done.stdout or done.stderr).strip().splitlines()
+    return next((x for x in text if "release" in x or "version" in x.lower()),
+                text[0] if text else "")
+
+
+def row(what: str, found: object, detail: str, missing: str) -> tuple[str, str, str]:
+    """A doctor row: `detail` where `found` is truthy, else what is missing and why."""
+    return (what, "found", detail) if found else (what, "missing", missing)
+
+
 @functools.lru_cache(maxsize=8)
 def _version(argv: tuple[str, ...], pattern: str) -> str:
     m = re.search(pattern, _run(list(argv)))

@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import functools
+import importlib.metadata
 import json
 import os
 import re
@@ -14,11 +15,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ..build import build_cuda, build_python, find_cuda_libs
+from ..build import build_cuda, build_python, cuda_runtime_dir, find_cuda_libs
+from ..cupti_guard import find_cupti
 from ..profiles import DISTINCT, PROFILES, GpuProfile
 from ..rank.protocol import SANITIZER_EXIT, SANITIZER_LOG
 from ..tasks import Task
-from .gpu import GENERIC, GpuPlatform, _run, _version, gpu_local_cpus_from
+from .base import DoctorRow
+from .gpu import GENERIC, GpuPlatform, _run, _version, gpu_local_cpus_from, row, version_line
 
 # NVLink multicast (NVLS) stays off: a program using it can take a shared host's GPUs out of
 # service; every job gets these whatever the caller's environment says
@@ -143,6 +146,49 @@ def gpu_local_cpus() -> dict[str, list[int]]:
     return gpu_local_cpus_from(out)
 
 
+def _package(name: str) -> str | None:
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def gpus_row() -> DoctorRow:
+    """This machine's NVIDIA GPUs as nvidia-smi lists them (`commbench doctor`)."""
+    gpus = nvidia_gpus()
+    return row("NVIDIA GPUs", gpus, ", ".join(g.get("name", "?") for g in gpus),
+               "nvidia-smi lists none")
+
+
+def doctor_rows(compiler: str = "nvcc") -> list[DoctorRow]:
+    """What an NVIDIA platform needs of the machine: GPUs and driver, nvcc, the CUDA runtime,
+    NCCL, NVSHMEM, CUPTI and (for shared placement) the MPS control program."""
+    gpus = nvidia_gpus()
+    out = [gpus_row()]
+    if gpus:
+        out.append(("driver", "found", gpus[0].get("driver", "")))
+    nvcc = shutil.which(compiler)
+    out.append(row(compiler, nvcc, f"{nvcc}: {version_line([str(nvcc), '--version'])}",
+                   "the CUDA toolkit's compiler, for the CUDA tasks"))
+    runtime = cuda_runtime_dir()
+    out.append(row("CUDA runtime", runtime, str(runtime), "libcudart"))
+    libs = find_cuda_libs()
+    out.append(row("NCCL", libs.nccl_include, f"{libs.nccl_version} ({libs.nccl_include})",
+                   "headers and library (pip install -e '.[gpu]' brings nvidia-nccl-cu13)"))
+    out.append(row("NVSHMEM", libs.nvshmem_include,
+                   f"{libs.nvshmem_version} ({libs.nvshmem_include})",
+                   "headers and library (nvidia-nvshmem-cu13)"))
+    cupy = next(filter(None, map(_package, ("cupy-cuda13x", "cupy"))), None)
+    out.append(row("cupy-cuda13x", cupy, str(cupy),
+                   "CuPy tasks and the ranks' GPU buffers (pip install -e '.[gpu]')"))
+    out.append(row("CUPTI", find_cupti(), "the run-time guard of CUDA tasks",
+                   "without it, forbidden CUDA calls are checked by symbol only"))
+    control = mps_control()
+    out.append(row("MPS control", control, str(control),
+                   "needed only with --commbench-ranks-per-gpu"))
+    return out
+
+
 class NvidiaPlatform(GpuPlatform):
     backend = "cuda"
     SHARED_JOB_ENV = SHARED_ENV
@@ -163,6 +209,9 @@ class NvidiaPlatform(GpuPlatform):
 
     def local_cpus(self) -> dict[str, list[int]]:
         return gpu_local_cpus()
+
+    def doctor_rows(self) -> list[DoctorRow]:
+        return doctor_rows(self.compiler)
 
     def build(self, task: Task, source: str, cache_dir: Path):
         if task.language in ("cuda", "hip"):  # HIP on NVIDIA: through the HIP->CUDA header
