@@ -205,6 +205,16 @@ def _ci(iv: list[float] | None) -> str:
     return "" if not iv else f" (90% CI {iv[0]:.3f}-{iv[1]:.3f})"
 
 
+def speed_readable(solutions: list[dict]) -> bool | None:
+    """Whether the run's speedup scores say anything: None where no passing item was timed,
+    False where every timed pass was timed on a contended host."""
+    timed = [r for r in solutions if r["verdict"] == Verdict.PASS and r.get("speedup")
+             is not None and not r.get("check_only")]
+    if not timed:
+        return None
+    return not all(r.get("timing_trust") == "contended" for r in timed)
+
+
 def headline(solutions: list[dict], s) -> list[str]:
     """The scores' line, leading with what the run measured: correctness alone where nothing
     was timed (check-only), the speedup scores left out with the reason where every passing
@@ -213,11 +223,10 @@ def headline(solutions: list[dict], s) -> list[str]:
     passed = f"Pass Rate {_pct(s.pass_rate)} ({s.passes}/{s.applicable})"
     price = f"Price {money(s.price)}/task"
     rest = f"   ({s.not_applicable} not applicable)" if s.not_applicable else ""
-    timed = [r for r in solutions if r["verdict"] == Verdict.PASS and r.get("speedup")
-             is not None and not r.get("check_only")]
-    if not timed:
+    readable = speed_readable(solutions)
+    if readable is None:
         return [f"{passed}   {price}   (correctness only: nothing was timed){rest}"]
-    if all(r.get("timing_trust") == "contended" for r in timed):
+    if not readable:
         return [f"{passed}   {price}{rest}",
                 "PASS+Good and GM-Speedup left out: every passing item was timed on a "
                 "contended host (see above), which no number of rounds makes readable; "
@@ -258,10 +267,13 @@ def render(records: list[dict], write_line: WriteLine, write_sep: WriteSep,
             write_line(f"compile only (--commbench-compile-only): {ok} of {len(built)} answers "
                        "built, none ran; they are not counted in the scores below")
         sized = size_rows(solutions)
+        readable = speed_readable(solutions)
         if sized:
             write_line("")
             write_line("per size, as nccl-tests prints it (the solution; ref bw: the "
-                       "reference's busbw, or algbw where the task names no busbw):")
+                       "reference's busbw, or algbw where the task names no busbw)"
+                       + (":" if readable is not False else
+                          "; timed on a contended host, not to be read as bandwidths:"))
             for line in tabulate(sized, headers=SIZE_HEADERS).splitlines():
                 write_line(line)
         doubtful = unreadable(solutions)
@@ -272,10 +284,11 @@ def render(records: list[dict], write_line: WriteLine, write_sep: WriteSep,
         write_line("")
         for line in headline(solutions, s):
             write_line(line)
-        fast = fast_line(s)
+        # the speedup scores only where a timing could be read (the headline says why not)
+        fast = fast_line(s) if readable else ""
         if fast:
             write_line(fast)
-        spread = intervals_line(bootstrap(solutions))
+        spread = intervals_line(bootstrap(solutions)) if readable else ""
         if spread:
             write_line(spread)
         ks = pass_at_ks(solutions)

@@ -161,8 +161,10 @@ def test_a_slower_solution_gets_a_speedup_below_one(bench):
     result.assert_outcomes(passed=1)
     (record,) = bench.records()
     # the slow solution sleeps 3 ms per call; the reference needs far less at most sizes (how
-    # much less depends on the host's load: the bounds hold where the harness saw none)
-    assert record["speedup"] < 1.0
+    # much less depends on the host's load: the bounds hold where the harness saw none; a
+    # timing the harness itself calls contended asserts nothing but its band)
+    if record["timing_trust"] != "contended":
+        assert record["speedup"] < 1.0
     if record["timing_trust"] == "ok":
         assert record["speedup"] < 0.5
         assert sorted(s["speedup"] for s in record["sizes"])[2] < 0.7  # the median size

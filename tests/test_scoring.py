@@ -242,6 +242,31 @@ def test_the_headline_leads_with_what_was_measured():
     assert "nothing was timed" in only and "GM-Speedup" not in only and "PASS+Good" not in only
 
 
+def test_a_run_timed_only_on_a_contended_host_prints_no_speedup_score():
+    """fast_p and the scores' intervals are speedup scores too: left out with PASS+Good and
+    GM-Speedup where no timing could be read; the per-size table says its bandwidths are
+    not to be read."""
+    from pytest_commbench.report import render
+
+    base = {"event": "result", "kind": "solution", "world": 2, "category": "p2p",
+            "library": "mpi", "difficulty": "easy", "model": "m", "candidate": "",
+            "sizes": [{"count": 1024, "dtype": "float64", "time_s": 1e-5, "ref_time_s": 1e-5,
+                       "speedup": 1.0, "metric": 1.0, "ref_metric": 1.0}]}
+    timed = [{**base, "task": f"p2p/t{i}", "nodeid": f"t{i}", "verdict": "pass",
+              "speedup": 1.5 + i, "speedup_ci90": [1.4, 1.6 + i]} for i in range(3)]
+
+    def lines(records):
+        out = []
+        render(records, out.append, lambda *a, **k: None)
+        return "\n".join(out)
+
+    readable = lines([{**r, "timing_trust": "ok"} for r in timed])
+    assert "fast_1 " in readable and "GM-Speedup" in readable
+    contended = lines([{**r, "timing_trust": "contended"} for r in timed])
+    assert "fast_" not in contended and "GM-Speedup left out" in contended, contended
+    assert "PASS+Good 100.0%" not in contended and "90% CI" not in contended, contended
+
+
 def test_per_size_bandwidths_are_the_nccl_tests_columns():
     """algbw = bytes / time; busbw = the task's busbw metric (algbw x the collective's
     factor) where its manifest names busbw; nothing for a metric that is a time."""
