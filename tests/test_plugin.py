@@ -517,6 +517,10 @@ def test_a_batch_whose_calls_differ_in_shape_hands_each_call_buffers_of_its_own(
     bench.run("--commbench-timing-max-rounds=1").assert_outcomes(passed=1)
     (record,) = bench.records()
     assert record["verdict"] == "pass", record["message"]
+    if not any(s["batch"] > 1 for s in record["sizes"]) and record["timing_trust"] != "ok":
+        # batches grow from the warm-up's time per call, which a loaded host stretches
+        pytest.skip(f"no call was batched on a host the harness saw as "
+                    f"{record['timing_trust']}: the batch path was not reached")
     assert any(s["batch"] > 1 for s in record["sizes"]), record["sizes"]
 
 
