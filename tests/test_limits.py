@@ -784,3 +784,20 @@ def test_a_task_folder_linked_in_from_elsewhere_keeps_the_category_it_is_linked_
     linked.symlink_to(elsewhere, target_is_directory=True)
     task = load_task(linked / "task.toml", tmp_path / "suites")
     assert task.relpath == "collective/ring_allreduce" and task.category == "collective"
+
+
+@pytest.mark.parametrize("ext", [".py", ".cu", ".hip", ".cpp", ".c"])
+def test_a_failing_items_folder_keeps_its_source_in_every_language(tmp_path, ext):
+    """The solution's source is the first evidence a person reads, whatever its language (a
+    HIP answer's .hip was deleted with the bulk); anything else the item left is removed."""
+    from pytest_commbench.engine.tidy import tidy
+
+    work = tmp_path / "item"
+    (work / "j0" / "scratch").mkdir(parents=True)
+    (work / f"solution{ext}").write_text("int x;\n")
+    (work / "solution.so").write_bytes(b"\0" * 100)
+    (work / "j0" / "output.log").write_text("out\n")
+    (work / "j0" / "scratch" / "bulk.bin").write_bytes(b"x" * 1000)
+    tidy(work, everything=False)
+    kept = sorted(p.relative_to(work).as_posix() for p in work.rglob("*") if p.is_file())
+    assert kept == ["j0/output.log", f"solution{ext}"]

@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 from ..rank import protocol
+from ..tasks import LANGUAGES
 
 
 def tidy(work: Path, everything: bool, seconds: float = 30.0) -> None:
@@ -26,7 +27,9 @@ def tidy(work: Path, everything: bool, seconds: float = 30.0) -> None:
     deadline = time.monotonic() + seconds
     folder_flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
     evidence = re.compile(protocol.EVIDENCE)
-    solution = re.compile(r"solution\.(py|cu|cpp|c)")
+    # the source of any language a task may be written in (a HIP answer's .hip included)
+    solution = re.compile(r"solution(" + "|".join(re.escape(x) for x in LANGUAGES.values())
+                          + ")")
 
     def kind(dir_fd: int, name: str) -> int | None:
         try:
