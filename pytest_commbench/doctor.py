@@ -73,7 +73,7 @@ def runnable(platform_name: str, suites: Path, ranks_per_gpu: int = 1,
     if platform is None:
         raise ValueError(f"unknown platform {platform_name!r}")
     platform.compile_only = compile_only
-    if ranks_per_gpu > 1 and hasattr(platform, "place"):
+    if ranks_per_gpu > 1 and platform.has_gpus:
         platform.place(ranks_per_gpu)
     ok, skips = 0, Counter()
     tasks, errors = load_suite(suites)

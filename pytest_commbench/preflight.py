@@ -32,13 +32,12 @@ def refusals(config: pytest.Config, state: Any) -> list[str]:
     lines = []
     platform = state.platform
     name, where = lookup(config, "platform")
-    visible = getattr(platform, "visible_gpus", None)
-    if visible is not None and given(config, "platform") and str(name) != "auto" \
-            and visible() == 0 and not setting(config, "compile_only"):
-        profile = getattr(platform, "profile", None)
+    if given(config, "platform") and str(name) != "auto" \
+            and platform.visible_gpus() == 0 and not setting(config, "compile_only"):
+        profile = platform.profile
         what = f"{profile.model} GPUs" if profile is not None else "devices"
         lines.append(f"{where}: platform {platform.name} needs {what}, and none is visible on "
-                     f"this machine{_visibility_hint(getattr(profile, 'vendor', 'nvidia'))}; "
+                     f"this machine{_visibility_hint(platform.vendor)}; "
                      "--platform=auto (the default) runs what this machine has, and "
                      "--commbench-compile-only builds for it without running")
     for missing in (_missing_key(config, state), _missing_sdk(config, state)):
@@ -110,13 +109,13 @@ def warnings(config: pytest.Config, state: Any) -> list[str]:
             if given(config, name):
                 lines.append(f"{flag_name(name)} does nothing with --commbench-check-only "
                              "(nothing is timed)")
-    if state.platform.backend == "cpu" and given(config, "gpu_batch"):
+    if not state.platform.has_gpus and given(config, "gpu_batch"):
         lines.append(f"{flag_name('gpu_batch')} does nothing on platform {state.platform.name} "
                      "(CPU jobs batch short calls anyway)")
     if given(config, "jobs_per_gpu") and int(setting(config, "ranks_per_gpu")) == 1:
         lines.append(f"{flag_name('jobs_per_gpu')} does nothing without "
                      f"{flag_name('ranks_per_gpu')} above 1 (jobs share a GPU only under MPS)")
-    if state.platform.backend == "cpu" and given(config, "shared_node"):
+    if not state.platform.has_gpus and given(config, "shared_node"):
         lines.append(f"{flag_name('shared_node')} does nothing on platform "
                      f"{state.platform.name} (it leases GPUs)")
     return lines

@@ -593,7 +593,7 @@ def create(config: pytest.Config) -> CommbenchState:
         platform_name = detect()
     model = _make(config, "model", model_name, model_where)
     platform = _make(config, "platform", platform_name, platform_where)
-    profile = getattr(platform, "profile", None)
+    profile = platform.profile
     if profile is not None and profile.name not in PROFILES:
         config.issue_config_time_warning(pytest.PytestConfigWarning(
             f"no profile of the benchmark describes this machine's {profile.model}: platform "
@@ -603,7 +603,7 @@ def create(config: pytest.Config) -> CommbenchState:
             "requirements it meets"), stacklevel=2)
     per_gpu, per_gpu_where = lookup(config, "ranks_per_gpu")
     if int(per_gpu) > 1:
-        if not hasattr(platform, "place"):
+        if not platform.has_gpus:
             raise pytest.UsageError(
                 f"{per_gpu_where}: ranks per GPU is a placement of GPU platforms; platform "
                 f"{platform.name} has no GPUs")
@@ -698,5 +698,5 @@ def create(config: pytest.Config) -> CommbenchState:
         NAMES, platform.name,
         lambda name: config.hook.pytest_commbench_make_platform(config=config, name=name) is not None)
     state.known_vendors = KnownNames(
-        {*VENDORS, *(p.vendor for p in PROFILES.values())}, getattr(platform, "vendor", "any"))
+        {*VENDORS, *(p.vendor for p in PROFILES.values())}, platform.vendor)
     return state

@@ -72,7 +72,7 @@ def _plan(tmp_path, language="python", checker=None, counts=(1024, 2048), **opti
     op = SimpleNamespace(bytes=lambda count, dtype, world, params: (count * 4, 1.0))
     task = SimpleNamespace(metric=SimpleNamespace(name="time", unit="us", bytes="algbw"),
                            language=language)
-    platform = SimpleNamespace(backend="cpu", name="fake",
+    platform = SimpleNamespace(backend="cpu", name="fake", staged=False,
                                sanitizer=lambda tool, out: checker and (checker, tool))
     return Plan(task, 2, platform, settings, op, cases, 10.0)
 

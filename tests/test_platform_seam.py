@@ -90,3 +90,35 @@ def test_the_platform_option_lists_every_platform_of_the_registry(pytester):
         assert name in shown, (name, shown)
     assert all(f"{n} (by name only)" in shown for n in NAMES
                if n in PROFILES and not PROFILES[n].detected)
+
+
+def test_the_platform_declares_what_is_asked_of_it():
+    """The engine, the session, doctor and the pre-run checks read what a platform declares:
+    the CPU's answers are the base's, a GPU platform answers for its devices."""
+    cpu, h200, mi325x = make("cpu"), make("h200"), make("mi325x")
+    python, cuda = _task(["cpu"], "python"), _task(["h200"])
+    assert (cpu.has_gpus, cpu.staged, cpu.cuda_api, cpu.profile, cpu.visible_gpus()) == \
+        (False, False, False, None, None)
+    assert cpu.label == "cpu" and not cpu.shared(8) and cpu.nccl_lib() is None
+    assert cpu.batches(python, gpu_batch=False) and not cpu.batches(cuda, gpu_batch=True)
+    with pytest.raises(ValueError, match="no GPUs"):
+        cpu.place(2)
+    assert (h200.has_gpus, h200.staged, h200.cuda_api, h200.label) == (True, True, True, "h200")
+    assert h200.batches(cuda, gpu_batch=True) and not h200.batches(python, gpu_batch=False)
+    assert not h200.shared(8)  # a GPU per rank
+    h200.place(4)
+    assert h200.shared(2) and h200.shared(8) and not h200.shared(1)
+    assert (mi325x.has_gpus, mi325x.staged, mi325x.cuda_api) == (True, True, False)
+
+
+def test_no_module_probes_the_platform_or_branches_on_a_backends_name():
+    import re
+    from pathlib import Path
+
+    package = Path(__file__).resolve().parents[1] / "pytest_commbench"
+    probe = re.compile(r"(getattr|hasattr)\((state\.|plan\.)?platform\b|"
+                       r"platform\.backend\s*(==|!=|in\b)")
+    found = [f"{path.relative_to(package)}:{n}"
+             for path in package.rglob("*.py") if "platforms" not in path.parts
+             for n, line in enumerate(path.read_text().splitlines(), 1) if probe.search(line)]
+    assert found == []

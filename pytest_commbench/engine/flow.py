@@ -85,7 +85,7 @@ def _run(task: Task, world: int, candidate: Candidate, platform: Platform, setti
         artifact = platform.build(task, solution, settings.cache)
     if settings.compile_only:
         result.verdict = Verdict.PASS
-        result.message = f"built for {getattr(platform, 'profile', platform).name} " \
+        result.message = f"built for {platform.label} " \
                          "(compile only: not run)"
         return
 
@@ -133,6 +133,6 @@ def _run(task: Task, world: int, candidate: Candidate, platform: Platform, setti
         result.speedup_se = measured.speedup_se
     if settings.reps > 0:
         result.sizes, result.speedup = figures(plan, measured)
-        shared = getattr(platform, "shared", lambda _w: False)(world)
+        shared = platform.shared(world)
         result.speedup_ci90, result.timing_trust = trust(result.sizes, result.speedup,
                                                          measured, shared)

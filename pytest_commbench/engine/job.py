@@ -148,12 +148,12 @@ def run_job(plan: Plan, artifact: Path, job_dir: Path, timed: bool,
     out.mkdir(parents=True)
     scratch.mkdir()
     code, solution = stage(job_dir, artifact)
-    libs = getattr(platform, "nccl_lib", lambda: None)()
+    libs = platform.nccl_lib()
     spec = protocol.JobSpec(
         solution=str(solution), entry=task.entry, language=task.language,
         fixtures=list(task.fixtures), workspace_bytes=task.workspace, backend=platform.backend,
         out=str(out), scratch=str(scratch), job_dir=str(job_dir.resolve()), nccl_lib=libs,
-        deadline_s=plan.deadline, ranks_per_gpu=getattr(platform, "ranks_per_gpu", 1),
+        deadline_s=plan.deadline, ranks_per_gpu=platform.ranks_per_gpu,
         stress=trials and settings.stress > 1 and not sanitize,
         cases=[{"id": c.id, "args": c.args, "params": c.params} for c in plan.cases])
     job_file = job_dir / "ro" / protocol.JOB_FILE
@@ -163,7 +163,7 @@ def run_job(plan: Plan, artifact: Path, job_dir: Path, timed: bool,
            # compile caches of the job's own (a shared one could carry a solution's kernels
            # into the reference's jobs); the rest of the filesystem is read-only
            "CUPY_CACHE_DIR": str(scratch / ".cupy"), "CUDA_CACHE_PATH": str(scratch / ".nv")}
-    on_cuda = platform.backend == "cuda"
+    on_cuda = platform.cuda_api
     preload = interposer_for(task, settings, on_cuda)
     if preload is not None:
         staged = job_dir / "ro" / preload.name
@@ -193,9 +193,9 @@ def run_job(plan: Plan, artifact: Path, job_dir: Path, timed: bool,
     rng = np.random.default_rng(job_seed(settings.seed, job_dir))
     # batches of calls: Python solutions on the host backend; on a GPU (a device buffer set,
     # a compiled solution's context and its IPC mappings per call) where asked for
-    batch = (task.language == "python" if platform.backend == "cpu" else settings.gpu_batch)
+    batch = platform.batches(task, settings.gpu_batch)
     obs = observer.Observer(job_dir, world, plan.op, obs_settings, rng,
-                            staged=platform.backend != "cpu", timed=timed, trials=trials,
+                            staged=platform.staged, timed=timed, trials=trials,
                             batch=batch,
                             batches=dict(plan.batches) if plan.batches else None)
     outcome = Outcome(Verdict.PASS)
@@ -236,7 +236,7 @@ def run_job(plan: Plan, artifact: Path, job_dir: Path, timed: bool,
         finally:
             obs.close()
             if settings.unsandboxed:  # a sandbox's daemons die with it; here one may be left
-                getattr(platform, "reap", lambda _out: None)(out)
+                platform.reap(out)
     if failure is not None:
         # after a rank began to load the solution, whatever made the observer fail came
         # through the solution's reach (its outputs, its messages, its processes): its fault

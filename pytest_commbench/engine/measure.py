@@ -181,7 +181,7 @@ def measure(plan: Plan, artifacts: dict[str, Path], run_job: JobRunner,
                 result.job_phases_s[f"{who}{rnd}"] = outcome.phases_s
             for cid, ts in outcome.times.items():
                 times[who][cid].append(observer.charged(ts, baseline.get(cid)))
-                if timed and ts and plan.platform.backend != "cpu":
+                if timed and ts and plan.platform.staged:
                     # per case and job, the medians of the untimed phases (microseconds):
                     # the evidence behind any charge, and where a slow harness copy shows
                     phases.setdefault(cid, {}).setdefault(who, []).append(

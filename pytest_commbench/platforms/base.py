@@ -18,6 +18,10 @@ DoctorRow = tuple[str, str, str]
 
 
 class Platform:
+    """What the engine, the session, `commbench doctor` and the pre-run checks ask of a
+    platform, each with the CPU's answer: they read these, never probe for attributes or
+    branch on a backend's name (a GPU platform, `gpu.GpuPlatform`, answers for devices)."""
+
     name = "base"
     vendor = "any"
     compiler = "none"
@@ -26,6 +30,45 @@ class Platform:
     languages: tuple[str, ...] = ()
     max_ranks = 8
     compile_only = False  # --commbench-compile-only: items build and stop (nothing runs)
+    profile: Any = None  # a GPU platform's profile (gpu.GpuProfile); None: no devices
+    ranks_per_gpu = 1  # shared placement (--commbench-ranks-per-gpu), GPU platforms only
+    staged = False  # the ranks' buffers live on a device: inputs and outputs staged there
+    cuda_api = False  # solutions call the CUDA run time: its guards (interposer, CUPTI) apply
+
+    @property
+    def has_gpus(self) -> bool:
+        """Whether jobs lease devices (GPU placement, leases and batching options apply)."""
+        return self.profile is not None
+
+    @property
+    def label(self) -> str:
+        """What a build is for: the profile's name on a GPU platform, else the platform's."""
+        return self.profile.name if self.profile is not None else self.name
+
+    def visible_gpus(self) -> int | None:
+        """How many of the platform's devices this machine shows; None: it needs none."""
+        return None
+
+    def place(self, ranks_per_gpu: int, jobs_per_gpu: int = 1) -> None:
+        """Shared placement; a platform without devices has none to share."""
+        raise ValueError(f"ranks per GPU is a placement of GPU platforms; platform "
+                         f"{self.name} has no GPUs")
+
+    def shared(self, world: int) -> bool:
+        """Whether a job of `world` ranks shares devices (its timing is not the device's)."""
+        return False
+
+    def batches(self, task: Task, gpu_batch: bool) -> bool:
+        """Whether short calls are timed in batches: Python solutions on the host backend
+        (a device platform batches where --commbench-gpu-batch asks)."""
+        return task.language == "python"
+
+    def nccl_lib(self) -> str | None:
+        """The NCCL library jobs load, where the platform has one."""
+        return None
+
+    def reap(self, out: Path) -> None:
+        """Stop what an unsandboxed job may have left running (a daemon of the vendor's)."""
 
     def skip_reason(self, task: Task, world: int) -> str | None:
         """Why this platform cannot run the task at this world size, or None."""

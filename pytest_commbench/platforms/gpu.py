@@ -130,6 +130,7 @@ class GpuPlatform(Platform):
     shows a job its devices."""
 
     backend = "cuda"
+    staged = True
     languages = ("cuda", "python")
     VISIBLE_ENV = "CUDA_VISIBLE_DEVICES"
     #: environment a job of ranks sharing a GPU gets (the vendor's)
@@ -161,6 +162,11 @@ class GpuPlatform(Platform):
     def shared(self, world: int) -> bool:
         """Do ranks of a job of `world` ranks share a GPU?"""
         return world > self.gpus_for(world)
+
+    def batches(self, task: Task, gpu_batch: bool) -> bool:
+        """On a GPU a batch is a device buffer set, a compiled solution's context and its
+        IPC mappings per call: only where --commbench-gpu-batch asks."""
+        return gpu_batch
 
     def placement(self) -> str:
         if self.ranks_per_gpu == 1:

@@ -191,6 +191,7 @@ def doctor_rows(compiler: str = "nvcc") -> list[DoctorRow]:
 
 class NvidiaPlatform(GpuPlatform):
     backend = "cuda"
+    cuda_api = True
     SHARED_JOB_ENV = SHARED_ENV
 
     def visible_gpus(self) -> int:
