@@ -147,13 +147,13 @@ class Part:
     name: str
     models: tuple[str, ...]
     shard: Shard
-    items: frozenset[str]  # node id (and candidate) of every item it recorded
+    items: frozenset[str]  # node id (and candidate) of every item it recorded (results.load)
 
 
 @dataclass
 class Merge:
     error: str | None  # one line: the parts overlap and are not reported
-    notes: list[str]  # a line per run whose shards are not all there
+    notes: list[str]  # a line per run of shards: merged, or which of its shards are missing
     partial: dict[Path, str]  # a run folder -> what its headline says (shards missing)
 
 
@@ -168,7 +168,7 @@ def part(folder: Path, info: Mapping[str, Any], records: Iterable[Mapping[str, A
         return None
     name = str(info.get(NAME_KEY) or info.get("run") or folder.name)
     return Part(folder, name, tuple(models), shard,
-                frozenset(_item(r) for r in records if r.get("event", "result") == "result"))
+                frozenset(_item(r) for r in records))
 
 
 def _shards(shards: Iterable[Shard]) -> str:
@@ -177,7 +177,8 @@ def _shards(shards: Iterable[Shard]) -> str:
 
 def merge(parts: Iterable[Part]) -> Merge:
     """The shards given to a report, grouped by run name and model: one error line where any
-    overlap, else a note (and a headline text per folder) for each run with shards missing."""
+    overlap, else a note for each run (and a headline text per folder of a run with shards
+    missing)."""
     groups: dict[tuple[str, tuple[str, ...]], list[Part]] = {}
     for p in parts:
         groups.setdefault((p.name, p.models), []).append(p)
