@@ -136,10 +136,15 @@ def pytest_runtest_logfinish(nodeid, location) -> None:
         raise KeyboardInterrupt
 
 
+SHARD_TASKS = pytest.StashKey[tuple]()  # (this shard's tasks, the selection's)
+
+
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(session, config, items) -> None:
     """--commbench-shard: of the items -k and -m left, this shard's tasks only."""
-    shards.deselect(config, items, config.stash[STATE].shard)
+    counted = shards.deselect(config, items, config.stash[STATE].shard)
+    if counted is not None:
+        config.stash[SHARD_TASKS] = counted
 
 
 def pytest_collect_file(file_path, parent):
@@ -225,6 +230,12 @@ class ResultsCollector:
     def pytest_terminal_summary(self, terminalreporter) -> None:
         if not self.by_node:
             config = terminalreporter.config
+            mine, selected = config.stash.get(SHARD_TASKS, (None, 0))
+            if mine == 0 and not hasattr(config, "workerinput"):
+                terminalreporter.write_line(
+                    f"commbench: shard {self.state.shard} holds no task: the selection has "
+                    f"{selected} task{'s' * (selected != 1)}, fewer than the shards", yellow=True)
+                return
             given = [f"{flag} {value!r}" for flag, value in
                      (("-k", config.option.keyword), ("-m", config.option.markexpr)) if value]
             # task items were there and the filter took them all

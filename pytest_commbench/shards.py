@@ -115,15 +115,16 @@ def split(items: Iterable[Any], shard: Shard,
     return kept, [item for item in items if where[key(item)] != shard.index]
 
 
-def deselect(config: Any, items: list, shard: Shard | None) -> None:
+def deselect(config: Any, items: list, shard: Shard | None) -> tuple[int, int] | None:
     """Keep `items` (the session's selection, after -k and -m) to this shard's, the rest
-    reported deselected as -k does."""
+    reported deselected as -k does; (this shard's tasks, the selection's), None unsharded."""
     if shard is None or shard.count == 1:
-        return
+        return None
     kept, dropped = split(items, shard)
     if dropped:
         config.hook.pytest_deselected(items=dropped)
         items[:] = kept
+    return len({item_task(i) for i in kept}), len({item_task(i) for i in kept + dropped})
 
 
 # -- the report: shards of one run --------------------------------------------------------

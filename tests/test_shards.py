@@ -157,6 +157,11 @@ def test_shards_deselect_like_k_and_together_make_the_unsharded_selection(bench)
     narrowed = [_collected(bench, "-k", "ring", f"--commbench-shard={k}/2",
                            "--commbench-run-name=r1")[0] for k in (1, 2)]
     assert sorted(i for p in narrowed for i in p) == sorted(i for i in whole if "ring" in i)
+    # more shards than tasks: a shard of none says so
+    empty = bench.run("-k", "pingpong", "--commbench-shard=2/2", "--commbench-run-name=r1")
+    assert empty.ret == pytest.ExitCode.NO_TESTS_COLLECTED
+    empty.stdout.fnmatch_lines(["commbench: shard 2/2 holds no task: the selection has 1 task, "
+                                "fewer than the shards"])
     # the same split again (another process, another hash salt)
     again, _ = _collected(bench, "--commbench-shard=2/3", "--commbench-run-name=r1",
                           "-p", "no:randomly")
