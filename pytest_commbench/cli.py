@@ -2,6 +2,7 @@
 
     commbench report .commbench/runs/<run>/results.jsonl [more logs ...]
     commbench report .commbench/runs            (per model: its fullest, newest run)
+    commbench report RUN_K1 RUN_K2 ...          (the shards of one run, merged)
     commbench runs [.commbench/runs]            (every run: model, date, items, passes, seed)
     commbench label RUN NAME                    (a run's label, kept in its run.json)
     commbench report RUN... --out DIR           (leaderboard: report.md, CSV, JSON, figures)
@@ -20,7 +21,7 @@ from pathlib import Path
 
 from tabulate import tabulate
 
-from . import evaluate_cli, runs
+from . import evaluate_cli, runs, shards
 from .report import render
 from .results import load, merge
 from .tasks import load_suite
@@ -77,16 +78,19 @@ def cmd_runs(args: argparse.Namespace) -> int:
         print(f"commbench runs: no run in {root} (a run is a folder with a results.jsonl)")
         return 0
     taken = {id(r) for r in runs.pick(found)[0]}
+    sharded = any(r.shard for r in found)  # a column of the shards, where there are any
     rows = [[r.folder.name, ", ".join(r.models) or "-", r.label or "-", r.started or "-",
              r.platform, r.ran, len(r.records) - r.ran, r.passes,
              "-" if r.seed is None else r.seed, "yes" if id(r) in taken else "-"]
+            + ([f"{r.shard} of {r.run_name or '?'}" if r.shard else "-"] if sharded else [])
             for r in found]
     print(tabulate(rows, headers=["run", "model", "label", "started", "platform", "items ran",
-                                  "skipped", "passes", "seed", "in report"],
+                                  "skipped", "passes", "seed", "in report"]
+                   + (["shard"] if sharded else []),
                    disable_numparse=True))
     print(f"\n`commbench report {root}` takes the runs marked 'in report': per model and "
-          "configuration, the run in which the most items ran (the newest of those); give a "
-          "run's folder to report another")
+          "configuration, the run in which the most items ran (the newest of those; the "
+          "shards of one run name count as one run); give a run's folder to report another")
     return 0
 
 
@@ -119,6 +123,8 @@ def cmd_report(args: argparse.Namespace) -> int:
         print("commbench report: give one --label per run (in the order of the runs), or none",
               file=sys.stderr)
         return 2
+    parts: list[shards.Part] = []  # the runs that are shards (--commbench-shard)
+    by_folder: dict[Path, list[dict]] = {}
     for index, raw in enumerate(args.paths):
         logs = _report_logs(Path(raw), args)
         if not logs:
@@ -129,7 +135,12 @@ def cmd_report(args: argparse.Namespace) -> int:
         for log in logs:
             loaded = load(log)
             # a run labelled with `commbench label`: its entries are named by it
-            kept = runs.read_info(log.parent).get("label") if log.name == runs.LOG else None
+            info = runs.read_info(log.parent) if log.name == runs.LOG else {}
+            kept = info.get("label")
+            found = shards.part(log.parent, info, loaded, runs.Run(log.parent, loaded, info).models)
+            if found is not None:
+                parts.append(found)
+                by_folder[log.parent] = loaded
             # a log in a runs folder (<runs>/<run>/results.jsonl): its replies beside it
             for r in loaded:
                 reply_roots.setdefault(str(r.get("run")), log.parent.parent / "replies")
@@ -140,6 +151,15 @@ def cmd_report(args: argparse.Namespace) -> int:
             records += [r for r in loaded if _wanted(r, args)]
     if args.compare:
         return _compare(args)
+    merged = shards.merge(parts)  # the shards of a run: one run, never overlapping
+    if merged.error:
+        print(f"commbench report: {merged.error}", file=sys.stderr)
+        return 2
+    for note in merged.notes:
+        print(f"commbench report: {note}", file=sys.stderr)
+    for folder, text in merged.partial.items():
+        for r in by_folder.get(folder, []):
+            r[shards.PARTIAL_KEY] = text
     if (args.model or args.run_label) and not records:
         print(f"commbench report: no run of {_wanted_text(args)} in {' '.join(args.paths)}",
               file=sys.stderr)

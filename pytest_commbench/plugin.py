@@ -6,7 +6,7 @@ import argparse
 
 import pytest
 
-from . import capacity, hookspecs, launch, preflight
+from . import capacity, hookspecs, launch, preflight, shards
 from .agent import GeakAgent
 from .items import TaskItem, TaskManifest, is_manifest, record_crashed_item, record_from_report
 from .launch import install_stop_handlers
@@ -32,6 +32,9 @@ def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
     pluginmanager.add_hookspecs(hookspecs)
 
 
+METAVARS = {"resume": "RUN", "shard": "K/N", "run_name": "NAME"}
+
+
 def pytest_addoption(parser: pytest.Parser) -> None:
     groups = {key: parser.getgroup(f"commbench-{key}", f"commbench: {title}")
               for key, (title, _names) in GROUPS.items()}
@@ -52,7 +55,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
             else:
                 group.addoption(flag, dest=f"commbench_{dest}", type=labelled(name, flag),
                                 default=None, help=shown,
-                                **({"metavar": "RUN"} if name == "resume" else {}))
+                                **({"metavar": METAVARS[name]} if name in METAVARS else {}))
         parser.addini(f"commbench_{name}", desc)
 
 
@@ -108,6 +111,8 @@ class XdistHooks:
         node.workerinput["commbench_run_id"] = self.state.run_id
         node.workerinput["commbench_run_dir"] = str(self.state.run_dir)
         node.workerinput["commbench_resume_upto"] = self.state.resume_upto
+        node.workerinput["commbench_shard"] = str(self.state.shard or "")
+        node.workerinput["commbench_run_name"] = self.state.run_name
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_xdist_node_collection_finished(self, node, ids) -> None:
@@ -129,6 +134,17 @@ def pytest_runtest_logfinish(nodeid, location) -> None:
     (one raised inside a destructor is swallowed)."""
     if launch.INTERRUPTED[0]:
         raise KeyboardInterrupt
+
+
+SHARD_TASKS = pytest.StashKey[tuple]()  # (this shard's tasks, the selection's)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(session, config, items) -> None:
+    """--commbench-shard: of the items -k and -m left, this shard's tasks only."""
+    counted = shards.deselect(config, items, config.stash[STATE].shard)
+    if counted is not None:
+        config.stash[SHARD_TASKS] = counted
 
 
 def pytest_collect_file(file_path, parent):
@@ -165,6 +181,9 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
         f"(precision {t.timing_precision:g}) reps={t.reps}",
         f"commbench: results log {state.log.path}",
     ]
+    if state.shard is not None:
+        lines.append(f"commbench: shard {state.shard} of the selected tasks"
+                     + (f", part of run {state.run_name}" if state.run_name else ""))
     if state.resume_upto is not None:
         lines.append(f"commbench: resuming run {state.run_id}: {len(state.resumed)} items "
                      "already finished are reported from its log")
@@ -211,6 +230,12 @@ class ResultsCollector:
     def pytest_terminal_summary(self, terminalreporter) -> None:
         if not self.by_node:
             config = terminalreporter.config
+            mine, selected = config.stash.get(SHARD_TASKS, (None, 0))
+            if mine == 0 and not hasattr(config, "workerinput"):
+                terminalreporter.write_line(
+                    f"commbench: shard {self.state.shard} holds no task: the selection has "
+                    f"{selected} task{'s' * (selected != 1)}, fewer than the shards", yellow=True)
+                return
             given = [f"{flag} {value!r}" for flag, value in
                      (("-k", config.option.keyword), ("-m", config.option.markexpr)) if value]
             # task items were there and the filter took them all

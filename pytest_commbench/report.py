@@ -22,6 +22,7 @@ from .scoring import (
     record_band,
     score,
 )
+from .shards import headline_note
 from .verdicts import Verdict
 
 WriteLine = Callable[[str], None]
@@ -282,8 +283,9 @@ def render(records: list[dict], write_line: WriteLine, write_sep: WriteSep,
                        + "; ".join(doubtful))
         s = score(solutions)
         write_line("")
-        for line in headline(solutions, s):
-            write_line(line)
+        partial = headline_note(solutions)  # a run of shards, some of them missing
+        for i, line in enumerate(headline(solutions, s)):
+            write_line(line + (partial if i == 0 else ""))
         # the speedup scores only where a timing could be read (the headline says why not)
         fast = fast_line(s) if readable else ""
         if fast:

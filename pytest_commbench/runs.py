@@ -6,7 +6,9 @@ platform, start, the label given it) and its results log (the items, their verdi
 runs folder, a report takes one run per model and configuration (rounds, budget, agent,
 hints, label): of its runs in which some item ran (not skipped), the one in which the most
 items ran, the newest of those. Every run left out is named in one line with why, so a
-one-item rerun or an all-skipped run never stands for a model's full run unnoticed."""
+one-item rerun or an all-skipped run never stands for a model's full run unnoticed. The
+shards of one run (`--commbench-shard`, one run name) count as one run there, their items
+together (shards.merge checks that they make one)."""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from . import shards
 from .results import load
 from .verdicts import Verdict
 
@@ -64,6 +67,14 @@ class Run:
     @property
     def label(self) -> str | None:
         return self.info.get("label") or None
+
+    @property
+    def shard(self) -> shards.Shard | None:
+        return shards.of(self.info)
+
+    @property
+    def run_name(self) -> str | None:
+        return self.info.get(shards.NAME_KEY) or None
 
     @property
     def ran(self) -> int:
@@ -124,18 +135,36 @@ def pick(runs: list[Run]) -> tuple[list[Run], list[str]]:
         groups.setdefault(run.key, []).append(run)
     chosen = []
     for group in groups.values():
-        best = max(group, key=lambda r: (r.ran, r.order()))
-        chosen.append(best)
+        # a whole run stands alone; the shards of one run name stand together (and
+        # are refused together where they overlap: shards.merge)
+        parts: dict[tuple, list[Run]] = {}
         for run in group:
-            if run is not best:
-                notes.append(f"left out run {run.run_id} ({describe(run)}): run "
-                             f"{best.run_id} of the same model ran {best.ran} items "
-                             f"(give {run.folder} to report this one)")
+            shard = run.shard
+            parts.setdefault((run.run_name,) if shard and run.run_name else (id(run),),
+                             []).append(run)
+        candidates = list(parts.values())
+        best = max(candidates, key=lambda c: (sum(r.ran for r in c), max(r.order() for r in c)))
+        chosen += best
+        for candidate in candidates:
+            if candidate is not best:
+                for run in candidate:
+                    notes.append(f"left out run {run.run_id} ({describe(run)}): {_name(best)} "
+                                 f"of the same model ran {sum(r.ran for r in best)} items "
+                                 f"(give {run.folder} to report this one)")
     return sorted(chosen, key=Run.order, reverse=True), notes
+
+
+def _name(runs: list[Run]) -> str:
+    if len(runs) == 1 and runs[0].shard is None:
+        return f"run {runs[0].run_id}"
+    parts = ", ".join(str(r.shard) for r in sorted(runs, key=lambda r: r.shard))
+    return f"shard{'s' * (len(runs) > 1)} {parts} of run {runs[0].run_name}"
 
 
 def describe(run: Run) -> str:
     label = f" [{run.label}]" if run.label else ""
+    if run.shard is not None:
+        label += f" shard {run.shard}" + (f" of {run.run_name}" if run.run_name else "")
     return f"{', '.join(run.models) or '?'}{label}, {run.started or 'date unknown'}, " \
            f"{run.ran} items ran"
 

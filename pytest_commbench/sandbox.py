@@ -141,6 +141,8 @@ def system_keep(env: Mapping[str, str] | None = None) -> list[str]:
     if mpiexec:
         found.append(str(Path(mpiexec).resolve().parent.parent))
     found += [env[v] for v in PREFIX_VARS if env.get(v)]
+    if env.get("SLURM_CONF"):  # inside an allocation mpiexec asks srun, which reads it
+        found.append(os.path.dirname(_abs(env["SLURM_CONF"])))
     found += [p for p in env.get("LD_LIBRARY_PATH", "").split(":") if p]
     found += _loader_folders()
     kept = [_abs(p) for p in found if os.path.isabs(p) and os.path.exists(p)]

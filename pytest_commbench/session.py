@@ -27,6 +27,7 @@ from typing import Any
 
 import pytest
 
+from . import shards
 from .platforms import GENERIC, NAMES, PROFILES, detect
 from .results import ResultsLog, RunBusy, RunLock, finished
 from .settings import RunSettings
@@ -85,6 +86,20 @@ def _text(text: str) -> str:
     if not str(text).strip():
         raise pytest.UsageError("expected a value, got nothing")
     return str(text)
+
+
+def _shard(text: str) -> shards.Shard:
+    try:
+        return shards.parse(text)
+    except ValueError as exc:
+        raise pytest.UsageError(str(exc)) from None
+
+
+def _run_name(text: str) -> str:
+    try:
+        return shards.parse_name(text)
+    except ValueError as exc:
+        raise pytest.UsageError(str(exc)) from None
 
 
 def _flag(text: str) -> bool:
@@ -230,6 +245,11 @@ HINTS_DESC = ("add each task's hints (its hints.md: how an expert would go about
               "are another configuration of the model in every report)")
 RETRIEVAL_DESC = ("agent mode: on adds the prompt and template of the most similar other task "
                   "(never a reference) to the first prompt (default off)")
+SHARD_DESC = ("run part K of N (1 <= K <= N) of the selected items, split by task (all "
+              "world sizes of a task in one part) the same way on every machine; the parts of "
+              "one run share --commbench-run-name and `commbench report` merges them")
+RUN_NAME_DESC = ("a name the shards of one run share, kept in each shard's run.json (default: "
+                 "inside a Slurm job array, slurm-<array job id>)")
 BUDGET_USD_DESC = ("US dollars a task's answers may cost: no further refinement round once "
                    "spent (needs the model's prices)")
 
@@ -256,6 +276,8 @@ OPTIONS: list[Option] = [
     Option("check_only", _flag, False, CHECK_ONLY_DESC, flag=True),
     Option("compile_only", _flag, False, COMPILE_ONLY_DESC, flag=True),
     Option("keep", _flag, False, KEEP_DESC, flag=True),
+    Option("shard", _shard, None, SHARD_DESC),
+    Option("run_name", _run_name, None, RUN_NAME_DESC),
     Option("shared_node", _flag, False, SHARED_NODE_DESC, flag=True),
     Option("ranks_per_gpu", positive_count, 1, RANKS_PER_GPU_DESC),
     Option("jobs_per_gpu", positive_count, 1, JOBS_PER_GPU_DESC),
@@ -287,7 +309,7 @@ OPTIONS: list[Option] = [
 GROUPS: dict[str, tuple[str, tuple[str, ...]]] = {
     "run": ("what runs, and where its results go", (
         "model", "platform", "seed", "check_only", "compile_only", "timeout", "runs_dir", "scratch",
-        "build_cache", "resume", "keep", "unsandboxed")),
+        "build_cache", "resume", "shard", "run_name", "keep", "unsandboxed")),
     "models": ("asking models (registry models, openai:ID, anthropic:ID)", (
         "rounds", "samples", "temperature", "budget_usd", "base_url", "models_file",
         "regenerate", "request_timeout", "max_tokens", "hints", "agent", "max_debug",
@@ -438,6 +460,8 @@ class CommbenchState:
     _fingerprint: dict | None = None
     _resumed: dict | None = field(default=None, repr=False)
     run_lock: RunLock | None = field(default=None, repr=False)  # one session per run folder
+    shard: shards.Shard | None = None  # --commbench-shard: the part of the selection run here
+    run_name: str | None = None  # the name the shards of one run share
 
     def item_seed(self, nodeid: str) -> int:
         """Per-item seed: the same item gets the same inputs on any worker, in any order."""
@@ -494,6 +518,10 @@ class CommbenchState:
             info = {"run": self.run_id, "seed": self.seed, "model": self.model.name,
                     "platform": self.platform.name, "started": now,
                     "args": list(self.config.invocation_params.args)}
+            if self.shard is not None:
+                info[shards.SHARD_KEY] = str(self.shard)
+            if self.run_name:
+                info[shards.NAME_KEY] = self.run_name
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{RUN_FILE}.{os.getpid()}")
         tmp.write_text(json.dumps(info, indent=1, default=str) + "\n")
@@ -557,6 +585,39 @@ def _resumed_seed(run_dir: Path, given: int | None, where: str) -> tuple[int, di
         raise pytest.UsageError(f"{where}: run {run_dir.name} has seed {seed}, not {given}: a "
                                 "resumed run keeps its seed (leave --commbench-seed out)")
     return int(seed), info
+
+
+def _shard_given(text: str | None) -> shards.Shard | None:
+    return shards.parse(text) if text else None
+
+
+def _fresh_shard(config: pytest.Config) -> tuple[shards.Shard | None, str | None]:
+    """The shard of a new run and the name its shards share (a shard of several needs one:
+    without it the report cannot tell which shards make one run)."""
+    shard, where = lookup(config, "shard")
+    name = setting(config, "run_name") or shards.default_name()
+    if shard is not None and shard.count > 1 and not name:
+        raise pytest.UsageError(
+            f"{where}: give the shards of this run a name they all share "
+            "(--commbench-run-name NAME, the same for every shard; inside a Slurm job array it "
+            "is slurm-<array job id>): `commbench report` merges the shards of one name")
+    return shard, name
+
+
+def _resumed_shard(config: pytest.Config, run_id: str,
+                   info: dict) -> tuple[shards.Shard | None, str | None]:
+    """A resumed run keeps the shard and name its run.json records (given ones must agree)."""
+    recorded, recorded_name = shards.of(info), info.get(shards.NAME_KEY)
+    given, where = lookup(config, "shard")
+    if given is not None and given != recorded:
+        was = f"shard {recorded}" if recorded else "a run of every selected item (no shard)"
+        raise pytest.UsageError(f"{where}: run {run_id} is {was}, not shard {given}: a resumed "
+                                "run keeps its part (leave --commbench-shard out)")
+    name, name_where = lookup(config, "run_name")
+    if name is not None and name != recorded_name:
+        raise pytest.UsageError(f"{name_where}: run {run_id} is named {recorded_name!r}, not "
+                                f"{name!r}: a resumed run keeps its name")
+    return recorded, recorded_name
 
 
 def _check_writable(path: Path, what: str, where: str) -> None:
@@ -625,6 +686,8 @@ def create(config: pytest.Config) -> CommbenchState:
         run_id = workerinput["commbench_run_id"]
         run_dir = Path(workerinput["commbench_run_dir"])
         resume_upto = workerinput.get("commbench_resume_upto")
+        shard = _shard_given(workerinput.get("commbench_shard"))
+        run_name = workerinput.get("commbench_run_name")
         run_lock = RunLock(run_dir)  # joined at the worker's first line (see below)
         config.add_cleanup(run_lock.release)
     else:
@@ -643,6 +706,7 @@ def create(config: pytest.Config) -> CommbenchState:
                 raise pytest.UsageError(f"{resume_where}: run {run_id} cannot be resumed: its "
                                         f"folder cannot be locked ({exc})") from None
             seed, info = _resumed_seed(run_dir, given_seed, resume_where)
+            shard, run_name = _resumed_shard(config, run_id, info)
             for key, now in (("model", model.name), ("platform", platform.name)):
                 if info.get(key) not in (None, now):
                     raise pytest.UsageError(
@@ -656,6 +720,7 @@ def create(config: pytest.Config) -> CommbenchState:
             run_dir = runs_dir / run_id
             run_lock = RunLock(run_dir)  # taken when the run's file is written
             config.add_cleanup(run_lock.release)
+            shard, run_name = _fresh_shard(config)
     # the run's own runs folder: a resumed run (given by its path) keeps using the replies
     # kept beside it, whatever --commbench-runs-dir says now (a worker: its controller's)
     runs_dir = run_dir.parent
@@ -690,6 +755,8 @@ def create(config: pytest.Config) -> CommbenchState:
                        before_write=run_lock.join if worker else None),
         resume_upto=resume_upto,
         run_lock=run_lock,
+        shard=shard,
+        run_name=run_name,
     )
     agent_name, agent_where = lookup(config, "agent")
     if agent_name and agent_name.strip().lower() not in ("off", "none"):
