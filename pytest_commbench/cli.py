@@ -433,14 +433,20 @@ def cmd_include(args: argparse.Namespace) -> int:
 def cmd_compile(args: argparse.Namespace) -> int:
     """Build every CUDA template, reference and mutant with the hidden recipe (what CI can do
     without a GPU): templates and references must build and pass `forbid`; mutants must build."""
+    import dataclasses
     import tempfile
 
-    from .build import build_cuda, build_hip
     from .mutants import MutantError, mutants
-    from .platforms import PROFILES
+    from .platforms import PROFILES, platform_of
     from .verdicts import Rejected, Verdict
 
-    arch = args.arch or PROFILES[args.platform].arch
+    # the door an item's build goes through: the platform's own build (its vendor's
+    # toolchain), for the profile's architecture or the one asked for
+    profile = PROFILES[args.platform]
+    if args.arch:
+        profile = dataclasses.replace(profile, arch=args.arch)
+    platform = platform_of(profile)
+    arch = profile.arch
     root, refs = Path(args.suites), Path(args.references)
     failures: list[str] = []
     # --cache: the folder a run's --commbench-build-cache names, filled ahead of the run
@@ -449,13 +455,11 @@ def cmd_compile(args: argparse.Namespace) -> int:
     tasks, failures = load_suite(root)
     from .build import THUNDERKITTENS_ENV, thunderkittens_include, uses_thunderkittens
 
-    profile = PROFILES[args.platform]
     # what the profile compiles: HIP for gfx942 on mi325x, HIP through the HIP->CUDA header on
     # h200-hip, CUDA on the NVIDIA profiles (their Python tasks need no build)
-    language = "hip" if "hip" in profile.languages else "cuda"
-    build = build_hip if profile.vendor == "amd" else build_cuda
+    compiled = [x for x in platform.languages if x != "python"]
     for task in tasks:
-        if task.language != language or (args.select and not any(
+        if task.language not in compiled or (args.select and not any(
                 part in task.relpath for part in args.select)):
             continue
         if uses_thunderkittens(task) and thunderkittens_include() is None:
@@ -470,7 +474,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
 
     def one(n: int, task, kind: str, read) -> tuple[str, str | None]:
         try:  # side by side: each build works in a folder of its own
-            build(task, read(), cache, arch)
+            platform.build(task, read(), cache)
             return "ok", None
         except (OSError, MutantError) as exc:
             return f"missing: {exc}", f"{task.relpath} {kind}: missing: {exc}"

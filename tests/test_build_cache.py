@@ -101,3 +101,30 @@ def test_an_unwritable_build_cache_is_a_usage_error(bench, tmp_path):
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     assert "build cache" in result.stderr.str()
     assert os.path.exists(blocked)
+
+
+@pytest.mark.parametrize("platform, arch, cls", [
+    ("h200", None, "nvidia.NvidiaPlatform"), ("mi325x", "gfx90a", "amd.AmdPlatform"),
+    ("h200-hip", None, "nvidia.NvidiaPlatform")])
+def test_commbench_compile_builds_through_the_platforms_own_door(monkeypatch, capsys, platform,
+                                                                 arch, cls):
+    """`commbench compile` builds each source as an item would: the platform's `build` (its
+    vendor's toolchain, for the profile's architecture or `--arch`), never a toolchain the
+    command picks itself."""
+    import importlib
+
+    from pytest_commbench.cli import main
+
+    module, name = cls.split(".")
+    kind = getattr(importlib.import_module(f"pytest_commbench.platforms.{module}"), name)
+    seen = []
+    monkeypatch.setattr(kind, "build", lambda self, task, source, cache: seen.append(
+        (self.name, self.profile.arch, task.language)))
+    select = "flag_pingpong_hip" if platform != "h200" else "d2h_bounce_copy"
+    args = ["compile", "suites", "--references", "references", "--platform", platform,
+            "-k", select, "-j", "1"] + (["--arch", arch] if arch else [])
+    monkeypatch.chdir(Path(__file__).resolve().parents[1])
+    assert main(args) == 0
+    want_arch = arch or {"h200": "sm_90", "h200-hip": "sm_90", "mi325x": "gfx942"}[platform]
+    assert len(seen) >= 3 and {s[:2] for s in seen} == {(platform, want_arch)}, seen
+    assert "0 failed" in capsys.readouterr().out
