@@ -184,7 +184,7 @@ if [ "$(readlink /proc/self/ns/user)" = "@USERNS@" ]; then
     -- /bin/sh -c 'cd "$0" 2>/dev/null || cd /; if [ -n "$1" ]; then shift; exec "$@"; fi; shift; eval "$*"' \
     "$PWD" "$exact" "$@"
 else
-  set -- --target=$outer --user --pid --net --mount --uts \
+  set -- --target=$outer --user --preserve-credentials --pid --net --mount --uts \
     -- /bin/sh -c 'cd "$0" 2>/dev/null || cd /; if [ -n "$1" ]; then shift; exec "$@"; fi; shift; eval "$*"' \
     "$PWD" "$exact" "$@"
 fi
@@ -464,6 +464,26 @@ def _in_pidns(pidns: str) -> list[int]:
     return found
 
 
+def left_behind(pidns: str, netns: list[str]) -> list[str]:
+    """What is left of a closed rig: every process in its PID namespace or in one of its
+    hosts' network namespaces, as "PID (command)" (a network namespace, and the veth in it,
+    lives while a process is in it)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            if (os.readlink(f"/proc/{entry}/ns/pid") != pidns
+                    and os.readlink(f"/proc/{entry}/ns/net") not in netns):
+                continue
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                command = f.read().replace(b"\0", b" ").decode(errors="replace").strip()
+        except OSError:
+            continue
+        found.append(f"{entry} ({command[:120]})")
+    return found
+
+
 def _kill_session(sid: int) -> None:
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -580,9 +600,53 @@ def _host(config_path: str, name: str) -> int:  # pragma: no cover - inside the 
     return 0
 
 
-if __name__ == "__main__":  # pragma: no cover - the rig's own processes
+USAGE = """usage: python -m pytest_commbench.simhosts run [--shared DIR]... -- COMMAND...
+
+Runs COMMAND with two simulated hosts up (h1, h2), the current folder and each DIR shared
+between them, and removes them afterwards. COMMAND gets the variables a benchmark run reads:
+COMMBENCH_LAUNCHER (an mpirun that runs on h1, with the rig's ssh agent and TCP on its
+pair), COMMBENCH_HOSTFILE, COMMBENCH_UNSANDBOXED=1 (jobs on other nodes run without their
+sandbox for now), and SIMHOSTS_AGENT. For example:
+
+    python -m pytest_commbench.simhosts run -- pytest suites --platform=cpu -m span_nodes \\
+        --commbench-ranks-per-node=2
+"""
+
+
+def main(argv: list[str]) -> int:
+    """`run`: a command with simulated hosts up (see USAGE)."""
+    if argv[:1] != ["run"] or "--" not in argv:
+        sys.stderr.write(USAGE)
+        return 2
+    at = argv.index("--")
+    options, command = argv[1:at], argv[at + 1:]
+    shared = [os.getcwd()]
+    while options:
+        if options[0] == "--shared" and len(options) > 1:
+            shared.append(options[1])
+            options = options[2:]
+        else:
+            sys.stderr.write(f"unknown option {options[0]!r}\n{USAGE}")
+            return 2
+    if not command:
+        sys.stderr.write(USAGE)
+        return 2
+    try:
+        with SimHosts(shared=tuple(shared)) as rig:
+            env = dict(os.environ,
+                       COMMBENCH_LAUNCHER=" ".join(_quote(w) for w in
+                                                   [str(rig.launcher()), *rig.mpi_options()]),
+                       COMMBENCH_HOSTFILE=str(rig.hostfile), COMMBENCH_UNSANDBOXED="1",
+                       SIMHOSTS_AGENT=str(rig.agent))
+            return subprocess.run(command, env=env).returncode
+    except Unavailable as exc:
+        sys.stderr.write(f"simulated hosts: {exc}\n")
+        return 3
+
+
+if __name__ == "__main__":  # pragma: no cover - the rig's own processes, and `run`
     if sys.argv[1:2] == ["keeper"]:
         sys.exit(_keeper(sys.argv[2]))
     if sys.argv[1:2] == ["host"]:
         sys.exit(_host(sys.argv[2], sys.argv[3]))
-    sys.exit("usage: simhosts.py keeper CONFIG | host CONFIG NAME")
+    sys.exit(main(sys.argv[1:]))
