@@ -215,6 +215,9 @@ class Observer:
         self.server.listen(world + 4)
         self.server.setblocking(False)
         self.ranks: list[Rank | None] = [None] * world
+        # each rank's host, as its harness said when it connected (before the solution was
+        # loaded): where the launcher put it
+        self.hosts: list[str | None] = [None] * world
         # the doorbell: ranks write a byte after each word they set, so the observer sleeps
         # in the kernel instead of spinning on a CPU the ranks need
         self.bell_r, self.bell_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
@@ -366,6 +369,9 @@ class Observer:
                 if not 0 <= number < self.world or self.ranks[number] is not None:
                     conn.close()  # a second claim to a rank is never believed
                     continue
+                host = hello.get("host") if isinstance(hello, dict) else None
+                if isinstance(host, str) and 0 < len(host) <= 255 and host.isprintable():
+                    self.hosts[number] = host
                 rank = Rank(conn, number)
                 rank.grow(1 << 16)
                 socket.send_fds(conn, [json.dumps({"data_bytes": rank.data_bytes}).encode()],

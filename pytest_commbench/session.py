@@ -208,6 +208,16 @@ SHARED_NODE_DESC = ("timed items lease only the GPUs they use instead of the who
 THUNDERKITTENS_DESC = ("the ThunderKittens repository (or its include/ folder): its headers build the "
                       "ThunderKittens tasks, which are skipped without them (default: the "
                       "COMMBENCH_THUNDERKITTENS environment variable)")
+LAUNCHER_DESC = ("what starts a job's ranks over nodes: mpirun (default; mpiexec alike), "
+                 "'srun --mpi=pmix' or 'flux run', a program's path, and any arguments of "
+                 "its own; every rank's node is named in its command")
+HOSTFILE_DESC = ("the nodes a job's ranks may run on (an MPI hostfile: 'node slots=N', "
+                 "'node:N' or a name per slot); default: the batch system's allocation "
+                 "(Slurm, PBS, LSF, Flux) where it has several nodes, else this host only")
+RANKS_PER_NODE_DESC = ("ranks of a job on each node, filled in order, for tasks that may "
+                       "span nodes (manifest nodes = \"any\", marker span_nodes; the others "
+                       "keep all their ranks on one node); default: what the allocation or "
+                       "hostfile says of every node alike, else a job's ranks spread evenly")
 UNSANDBOXED_DESC = ("run jobs without their sandbox where namespaces are not available "
                     "(recorded in every result's fingerprint; a solution can then reach the "
                     "harness)")
@@ -287,6 +297,9 @@ OPTIONS: list[Option] = [
            "off", SANITIZER_DESC),
     Option("thunderkittens", _text, None, THUNDERKITTENS_DESC),
     Option("unsandboxed", _flag, False, UNSANDBOXED_DESC, flag=True),
+    Option("launcher", _text, None, LAUNCHER_DESC),
+    Option("hostfile", _text, None, HOSTFILE_DESC),
+    Option("ranks_per_node", positive_count, None, RANKS_PER_NODE_DESC),
     Option("base_url", _text, None, BASE_URL_DESC),
     Option("models_file", _text, None, MODELS_FILE_DESC),
     Option("regenerate", _flag, False, REGENERATE_DESC, flag=True),
@@ -319,7 +332,8 @@ GROUPS: dict[str, tuple[str, tuple[str, ...]]] = {
         "reps", "warmup",
         "timing_budget", "max_reps", "timing_wall")),
     "placement": ("where ranks run on GPU machines", (
-        "ranks_per_gpu", "jobs_per_gpu", "shared_node", "gpu_batch", "thunderkittens")),
+        "ranks_per_gpu", "jobs_per_gpu", "shared_node", "gpu_batch", "thunderkittens",
+        "launcher", "hostfile", "ranks_per_node")),
 }
 
 
@@ -558,6 +572,35 @@ def _make(config: pytest.Config, kind: str, name: str, where: str):
     return obj
 
 
+def _flux_output(argv: list[str]) -> str:
+    import subprocess
+
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+    return done.stdout if done.returncode == 0 else ""
+
+
+def _placement(config: pytest.Config):
+    """Where jobs' ranks run (`nodes.resolve`): None where every job stays on this node."""
+    from . import nodes
+
+    names = ("launcher", "hostfile", "ranks_per_node")
+    values = {name: setting(config, name) for name in names}
+    hostfile = values["hostfile"]
+    if hostfile:
+        hostfile = str(config.invocation_params.dir / Path(hostfile).expanduser())
+    try:
+        return nodes.resolve(values["launcher"], hostfile, values["ranks_per_node"],
+                             os.environ, sandboxed=not setting(config, "unsandboxed"),
+                             run=_flux_output)
+    except nodes.PlacementError as exc:
+        named = [lookup(config, name)[1] for name in names if given(config, name)]
+        where = ", ".join(named) or "the batch system's allocation"
+        raise pytest.UsageError(f"{where}: {exc}") from None
+
+
 def _resume_dir(config: pytest.Config, runs_dir: Path, value: str, where: str) -> Path:
     path = Path(value).expanduser()
     for candidate in ([path] if path.is_absolute() else
@@ -669,6 +712,7 @@ def create(config: pytest.Config) -> CommbenchState:
                 f"{per_gpu_where}: ranks per GPU is a placement of GPU platforms; platform "
                 f"{platform.name} has no GPUs")
         platform.place(int(per_gpu), int(lookup(config, "jobs_per_gpu")[0]))
+    platform.node_placement = _placement(config)
     if lookup(config, "compile_only")[0]:
         platform.compile_only = True  # nothing runs: a platform without its devices still builds
     tk, tk_where = lookup(config, "thunderkittens")

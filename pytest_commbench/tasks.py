@@ -59,6 +59,15 @@ MAX_TRIALS = 64  # `check.trials`
 MAX_TIMEOUT_S = 24 * 3600.0  # `timeout`
 MAX_STRINGS = 256  # entries of a list of names (`forbid`, `requires`, `platforms`...)
 MAX_PARAMS_BYTES = 1 << 16  # `check.params`, as JSON
+# whether a task's ranks may span nodes (`nodes`): "one" (every rank on one node: the task
+# uses what only one node has, CUDA or HIP IPC, NVLink, NVSHMEM's load/store, symmetric
+# memory, or says nothing) or "any" (its ranks talk only through MPI or a network library,
+# NCCL, RCCL, torch.distributed: they may be on several nodes; marker `span_nodes`)
+NODES = ("one", "any")
+SPAN_MARKER = "span_nodes"
+#: what only one node has: a task that requires or is given one of these runs on one node
+ONE_NODE_REQUIRES = ("cuda-ipc", "hip-ipc", "nvlink")
+ONE_NODE_FIXTURES = ("ipc",)
 
 
 class ManifestError(Exception):
@@ -77,7 +86,7 @@ def marker_names() -> list[str]:
     """Every marker a task can carry (each value a manifest may name), for registering them."""
     return [_marker(kind, value) for kind, values in (
         ("category", CATEGORIES), ("library", LIBRARIES), ("difficulty", DIFFICULTIES),
-        ("setup", SETUPS), ("tier", TIERS)) for value in values]
+        ("setup", SETUPS), ("tier", TIERS)) for value in values] + [SPAN_MARKER]
 
 
 @dataclass(frozen=True)
@@ -138,6 +147,13 @@ class Task:
     # the answer owns the set-up (buffers, IPC exchange, flag layout): the harness hands it
     # only its inputs, outputs and the set-up helpers
     own_setup: bool = False
+    # "any": its ranks may span nodes (a placement over nodes spreads them); "one": every
+    # rank of a job on one node (see NODES)
+    nodes: str = "one"
+
+    @property
+    def spans_nodes(self) -> bool:
+        return self.nodes == "any"
 
     @property
     def name(self) -> str:
@@ -151,7 +167,8 @@ class Task:
         """Marker names for -m selection (hyphens become underscores)."""
         return [_marker("category", self.category), _marker("library", self.library),
                 _marker("difficulty", self.difficulty), _marker("setup", self.setup),
-                _marker("tier", "own-setup" if self.own_setup else "harness-setup")]
+                _marker("tier", "own-setup" if self.own_setup else "harness-setup"),
+                *([SPAN_MARKER] if self.spans_nodes else [])]
 
 
 # who sets the world up: the harness (buffers mapped, workspace laid out: the answer fills in
@@ -162,7 +179,7 @@ TIERS = ("harness-setup", "own-setup")
 _TOP_KEYS = {
     "title", "category", "library", "difficulty", "setup", "language", "entry", "platforms",
     "vendors", "ranks", "requires", "timeout", "sizes", "forbid", "check", "metric", "template",
-    "prompt", "fixtures", "workspace", "upstream", "hints", "tier",
+    "prompt", "fixtures", "workspace", "upstream", "hints", "tier", "nodes",
 }
 _CHECK_KEYS = {"op", "dtypes", "rtol", "atol", "params", "trials", "late_rank", "stress"}
 _METRIC_KEYS = {"name", "unit", "better", "bytes"}
@@ -386,6 +403,15 @@ def load_task(manifest: Path, suites_root: Path, platforms: Container[str] | Non
         raise top.fail("ranks", f"at most {MAX_RANKS_LIST} world sizes of at most {MAX_WORLD} "
                                 "ranks each")
     sizes = _sizes(top, check.dtypes, ranks)
+    requires = top.strings("requires", ())
+    fixtures = top.strings("fixtures", (), FIXTURES)
+    workspace = _workspace(top)
+    nodes = top.choice("nodes", NODES, "one")
+    one_node = sorted({*requires} & {*ONE_NODE_REQUIRES} | {*fixtures} & {*ONE_NODE_FIXTURES})
+    if nodes == "any" and (one_node or workspace):
+        what = ", ".join(one_node) or f"workspace = {workspace} (an IPC-shared device area)"
+        raise top.fail("nodes", f"\"any\" for a task that uses what only one node has "
+                                f"({what}): its ranks share memory, so they stay on one node")
     return Task(
         dir=task_dir,
         relpath=relpath,
@@ -399,12 +425,12 @@ def load_task(manifest: Path, suites_root: Path, platforms: Container[str] | Non
         platforms=top.strings("platforms", ..., platforms, "platform"),
         vendors=top.strings("vendors", (), vendors, "vendor"),
         ranks=ranks,
-        requires=top.strings("requires", ()),
+        requires=requires,
         timeout=float(timeout),
         sizes=sizes,
         forbid=top.strings("forbid", ()),
-        fixtures=top.strings("fixtures", (), FIXTURES),
-        workspace=_workspace(top),
+        fixtures=fixtures,
+        workspace=workspace,
         check=check,
         metric=metric,
         template=template,
@@ -412,6 +438,7 @@ def load_task(manifest: Path, suites_root: Path, platforms: Container[str] | Non
         upstream=_upstream(top),
         hints=hints,
         own_setup=top.choice("tier", TIERS, "harness-setup") == "own-setup",
+        nodes=nodes,
     )
 
 

@@ -136,3 +136,26 @@ def processes_with():
 @pytest.fixture
 def bench(pytester: pytest.Pytester) -> Bench:
     return Bench(pytester)
+
+
+@pytest.fixture
+def sim_hosts(tmp_path_factory):
+    """Two simulated hosts (`pytest_commbench.simhosts`), the test's temporary folders shared
+    between them at the same path; skipped with the reason where unprivileged namespaces
+    are not available. At teardown (a failed test's too) the rig is removed, and the test
+    fails where anything of it is left: a process, a namespace, its folder."""
+    from pytest_commbench import simhosts
+
+    reason = simhosts.unavailable()
+    if reason:
+        pytest.skip(reason)
+    rig = simhosts.SimHosts(shared=(tmp_path_factory.getbasetemp(),))
+    rig.start()
+    try:
+        yield rig
+    finally:
+        pidns, netns, folder = rig.pidns, dict(rig.netns), rig.dir
+        rig.close()
+        left = simhosts.left_behind(pidns, list(netns.values()))
+        assert not left, f"the simulated hosts left {left}"
+        assert folder is not None and not folder.exists(), f"the rig's folder {folder} is left"

@@ -113,11 +113,21 @@ def _run(task: Task, world: int, candidate: Candidate, platform: Platform, setti
             if task.check.late_rank:
                 make_late(cases[-1], rng, len(cases) - 1)
     artifacts = {"ref": ref_artifact.path, "sol": artifact.path} if timed else {"sol": artifact.path}
+    layout = platform.layout(task, world)
+
+    def noting(plan: Plan, *args, **kwargs):
+        """The job runner, noting where the item's first job that reached the observer
+        ran: each rank's host goes into the item's result."""
+        outcome = runner(plan, *args, **kwargs)
+        if result.hosts is None and outcome.hosts and any(outcome.hosts):
+            result.hosts = list(outcome.hosts)
+        return outcome
+
     with platform.lease(world, exclusive=timed and not settings.shared_node,
                         whole=timed) as lease_env:
         plan = Plan(task, world, platform, settings, op, cases, settings.timeout or task.timeout,
-                    lease_env=lease_env)
-        measured = measure(plan, artifacts, runner)
+                    lease_env=lease_env, nodes=layout)
+        measured = measure(plan, artifacts, noting)
     result.output = measured.output[-OUTPUT_IN_RECORD:]
     result.verdict = Verdict.PASS
     if measured.untimed_phases_us:

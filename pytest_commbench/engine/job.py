@@ -14,9 +14,9 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import build, cupti_guard, interposer, jobfiles, observer, sandbox
+from .. import build, cupti_guard, interposer, jobfiles, nodes, observer, sandbox
 from ..build import ALWAYS_FORBIDDEN_C, native_forbid, task_forbid
-from ..launch import Job, find_mpiexec, mpi_env
+from ..launch import SINGLE_NODE_BTL, Job, find_mpiexec, mpi_env
 from ..rank import protocol
 from ..settings import Settings
 from ..tasks import Task
@@ -180,7 +180,10 @@ def run_job(plan: Plan, artifact: Path, job_dir: Path, timed: bool,
     wrap = platform.sanitizer(sanitize, out) if sanitize else None
     if sanitize and wrap is None:
         raise RuntimeError(f"platform {platform.name} has no memory checker for {sanitize}")
-    argv = platform.launch_argv(world, job_file, tuple(wrap or ()))
+    placed = {"nodes": plan.nodes} if plan.nodes else {}  # each rank's node, named
+    argv = platform.launch_argv(world, job_file, tuple(wrap or ()), **placed)
+    if nodes.spans(plan.nodes) and env.get("OMPI_MCA_btl") == SINGLE_NODE_BTL:
+        del env["OMPI_MCA_btl"]  # ranks on other nodes need the network's transports
     if not settings.unsandboxed:
         argv = sandbox.wrap(job_dir, argv, env, hide=hidden(settings))
     obs_settings = observer.Settings(
@@ -200,11 +203,16 @@ def run_job(plan: Plan, artifact: Path, job_dir: Path, timed: bool,
                             batches=dict(plan.batches) if plan.batches else None)
     outcome = Outcome(Verdict.PASS)
     failure: Exception | None = None
+    misplaced: str | None = None  # where the ranks landed, where not where they were asked
     job = Job(argv, job_dir, plan.deadline, env=env)
     try:
         began = time.monotonic()
         obs.connect(job)
         connected = time.monotonic()
+        if plan.nodes:
+            misplaced = nodes.misplaced(plan.nodes, obs.hosts)
+            if misplaced:  # the launcher's doing, whatever the ranks did since
+                raise observer.JobEnded(Verdict.INFRA_ERROR, misplaced)
         for index, case in enumerate(plan.cases, start=1):
             outcome.times[case.id] = obs.run_case(case)
             obs.end(index)
@@ -224,6 +232,12 @@ def run_job(plan: Plan, artifact: Path, job_dir: Path, timed: bool,
                                            if len(exc.errors) > MAX_MESSAGES else []))
     except observer.JobEnded as exc:
         outcome.verdict, outcome.message, outcome.detail = exc.verdict, exc.message, exc.detail
+        if nodes.spans(plan.nodes) and "never reached the observer" in exc.message:
+            outcome.detail = "\n".join(filter(None, [outcome.detail, (
+                "the ranks were placed on nodes " + ", ".join(dict.fromkeys(plan.nodes)) +
+                ": a rank on another node reaches the observer only through a filesystem "
+                "the nodes share (the job's folder) on one kernel, as simulated hosts do; "
+                "docs/cluster-design.md says what serves ranks on real nodes")]))
     except Exception as exc:  # judged below, once every rank's last words are read
         failure = exc
     finally:
@@ -245,7 +259,7 @@ def run_job(plan: Plan, artifact: Path, job_dir: Path, timed: bool,
         outcome.verdict = Verdict.RUNTIME_ERROR
         outcome.message = (f"the job made the observer fail ({type(failure).__name__}: "
                            f"{str(failure)[:300]})")
-    elif outcome.verdict is Verdict.INFRA_ERROR and obs.loaded:
+    elif outcome.verdict is Verdict.INFRA_ERROR and obs.loaded and not misplaced:
         # the observer said "not loaded yet" before it had read every rank's word: a rank
         # had begun to load the solution, so the job's end is the solution's
         outcome.verdict = Verdict.TIMEOUT if result.timed_out else Verdict.RUNTIME_ERROR
@@ -253,6 +267,7 @@ def run_job(plan: Plan, artifact: Path, job_dir: Path, timed: bool,
                            if result.timed_out else "the job ended early")
     outcome.output, outcome.seconds = result.output, result.seconds
     outcome.batches = obs.batches
+    outcome.hosts = list(obs.hosts)
     if sanitize and obs.loaded:
         found = sanitizer_findings(out, world, sanitize)
         if found:  # the checker's evidence outranks however the job ended

@@ -31,6 +31,8 @@ class Outcome:
     # where the job's time went: its start (launch, imports, device set-up, until every rank
     # had connected), its cases (the calls, checks and timing), its end (the ranks' exit)
     phases_s: tuple[float, float, float] | None = None
+    # each rank's host, as it said when it connected (None: it never did)
+    hosts: list[str | None] | None = None
 
 
 class InfraError(Exception):
@@ -52,6 +54,9 @@ class Plan:
     # calls per timed batch, per case: chosen by the item's warm-up job, then the same for
     # every reference and solution job
     batches: dict[str, int] = field(default_factory=dict)
+    # each rank's node where the run places jobs over nodes (`Platform.layout`); None: every
+    # rank on this node
+    nodes: list[str] | None = None
 
 
 class JobRunner(Protocol):

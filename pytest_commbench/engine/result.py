@@ -11,7 +11,8 @@ from ..verdicts import Verdict
 
 #: optional fields: written only where they were measured or said
 OPTIONAL = ("check_only", "compile_only", "price_source", "speedup_se", "speedup_ci90", "timing_trust",
-            "host_load", "timing_rounds", "timing_stopped", "untimed_phases_us", "job_phases_s")
+            "host_load", "timing_rounds", "timing_stopped", "untimed_phases_us", "job_phases_s",
+            "hosts")
 
 
 @dataclass
@@ -80,6 +81,9 @@ class ItemResult:
     # per job of a timed item (check, warmup, ref0, sol0, ...): its start, cases and end in
     # seconds, where an item's time went
     job_phases_s: dict[str, Any] | None = None
+    # each rank's host in the item's first job that reached the observer, in rank order (as
+    # each rank said when it connected; None for one that never did)
+    hosts: list[str | None] | None = None
     # a strategy's parts: every round's verdict and the first round that passed (written
     # together, where the answers could be refined), and an agent's summary (its fields,
     # "agent" and "agent_*", written as they are)

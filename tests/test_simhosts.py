@@ -1,0 +1,240 @@
+"""Simulated hosts (`pytest_commbench.simhosts`): two hosts on this machine, made without
+privilege, joined by a veth pair on a private /30. An MPI job across them (each rank on its
+own host, with its own name, address, /tmp and /dev/shm), a rank killed on the second host,
+the rig removed with nothing left (by its maker, and when its maker is killed), and a
+benchmark item whose ranks span the hosts through the placement options (the job's folder on
+the hosts' shared filesystem). Every job here is bounded in time."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from pytest_commbench import simhosts
+
+JOB_S = 60  # an MPI job on the rig takes about a second
+
+HELLO = r"""
+import fcntl, json, os, socket, struct, sys
+from mpi4py import MPI
+
+def address(ifname="eth0"):
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        packed = fcntl.ioctl(s.fileno(), 0x8915, struct.pack("256s", ifname.encode()))  # SIOCGIFADDR
+        return socket.inet_ntoa(packed[20:24])
+    except OSError:
+        return None
+
+comm = MPI.COMM_WORLD
+rank = comm.Get_rank()
+for tree in ("/tmp", "/dev/shm"):
+    open(f"{tree}/commbench-mark-{rank}", "w").write("x")
+comm.Barrier()
+seen = {tree: sorted(n for n in os.listdir(tree) if n.startswith("commbench-mark-"))
+        for tree in ("/tmp", "/dev/shm")}
+total = comm.allreduce(rank + 1)
+said = comm.gather({"rank": rank, "host": socket.gethostname(), "address": address(),
+                    "seen": seen, "sum": total}, root=0)
+if rank == 0:
+    print("HELLO " + json.dumps(said), flush=True)
+"""
+
+DIE = r"""
+import os, signal, socket, time
+from mpi4py import MPI
+comm = MPI.COMM_WORLD
+comm.Barrier()
+if comm.Get_rank() == 1:
+    print(f"rank 1 on {socket.gethostname()} kills itself", flush=True)
+    os.kill(os.getpid(), signal.SIGKILL)
+comm.Barrier()  # rank 0 waits for a peer that is gone
+time.sleep(600)
+"""
+
+
+def _mpi_env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OMPI_MCA_")}
+    # the ranks are root inside the rig's user namespace (this user outside)
+    env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+               PYTHONUNBUFFERED="1")
+    return env
+
+
+def _mpirun(rig: simhosts.SimHosts, script: Path, world: int = 2) -> list[str]:
+    per = ",".join(f"{name}:1" for name in rig.names)
+    return [str(rig.launcher()), *rig.mpi_options(), "-n", str(world), "--host", per,
+            "--map-by", "slot", sys.executable, str(script)]
+
+
+def _quiet(rig: simhosts.SimHosts, limit: float = 10.0) -> list[int]:
+    """The rig's processes still there `limit` seconds from now at most (none: at once)."""
+    deadline = time.monotonic() + limit
+    while rig.processes() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return rig.processes()
+
+
+def test_an_mpi_job_has_a_rank_on_each_host_with_its_own_name_address_and_tmp(sim_hosts,
+                                                                            tmp_path):
+    script = tmp_path / "hello.py"
+    script.write_text(HELLO)
+    done = subprocess.run(_mpirun(sim_hosts, script), capture_output=True, text=True,
+                          timeout=JOB_S, env=_mpi_env(), cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    line = next(ln for ln in done.stdout.splitlines() if ln.startswith("HELLO "))
+    said = json.loads(line[len("HELLO "):])
+    assert [(r["host"], r["address"]) for r in said] == [("h1", "10.77.0.1"),
+                                                          ("h2", "10.77.0.2")]
+    for r in said:  # each host's /tmp and /dev/shm are its own: a rank sees its mark alone
+        assert r["seen"] == {"/tmp": [f"commbench-mark-{r['rank']}"],
+                             "/dev/shm": [f"commbench-mark-{r['rank']}"]}
+        assert r["sum"] == 3
+    assert _quiet(sim_hosts) == []
+    # this machine's /tmp has neither mark: the hosts' trees are not the controller's
+    assert not list(Path("/tmp").glob("commbench-mark-*"))
+
+
+def test_a_command_runs_on_the_host_named_and_a_host_reaches_the_other(sim_hosts, tmp_path):
+    done = sim_hosts.run("h2", ["sh", "-c", "hostname; pwd"], cwd=tmp_path, timeout=JOB_S)
+    assert done.returncode == 0 and done.stdout.split() == ["h2", str(tmp_path)]
+    # the agent from the first host (as the launcher there calls it): ssh's joined words
+    done = sim_hosts.run("h1", [str(sim_hosts.agent), "h2", "echo", "$(hostname)"],
+                         timeout=JOB_S)
+    assert done.returncode == 0 and done.stdout.strip() == "h2", done.stderr
+    bad = sim_hosts.run("h1", [str(sim_hosts.agent), "h3", "true"], timeout=JOB_S)
+    assert bad.returncode == 255 and "no host 'h3'" in bad.stderr
+    assert sim_hosts.hostfile.read_text() == f"h1 slots={simhosts.SLOTS}\nh2 slots={simhosts.SLOTS}\n"
+
+
+def test_a_command_runs_with_the_hosts_up_and_the_variables_a_run_reads(tmp_path):
+    reason = simhosts.unavailable()
+    if reason:
+        pytest.skip(reason)
+    show = ('echo "$COMMBENCH_HOSTFILE|$COMMBENCH_UNSANDBOXED"; "$SIMHOSTS_AGENT" h2 hostname; '
+            'case "$COMMBENCH_LAUNCHER" in */bin/mpirun*plm_ssh_agent*) echo ok ;; esac')
+    done = subprocess.run([sys.executable, "-m", "pytest_commbench.simhosts", "run", "--",
+                           "sh", "-c", show], capture_output=True, text=True, timeout=JOB_S,
+                          cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(
+                              Path(simhosts.__file__).parent.parent)})
+    assert done.returncode == 0, done.stderr
+    hostfile, unsandboxed = done.stdout.splitlines()[0].split("|")
+    assert hostfile.endswith("/hostfile") and unsandboxed == "1"
+    assert done.stdout.splitlines()[1:] == ["h2", "ok"]
+    assert not Path(hostfile).exists()  # the rig is gone with the command
+    usage = subprocess.run([sys.executable, "-m", "pytest_commbench.simhosts", "run"],
+                           capture_output=True, text=True, timeout=JOB_S, env={
+                               **os.environ, "PYTHONPATH": str(Path(simhosts.__file__).parent.parent)})
+    assert usage.returncode == 2 and "usage:" in usage.stderr
+
+
+def test_a_rank_killed_on_the_second_host_ends_the_job_and_leaves_nothing(sim_hosts, tmp_path):
+    script = tmp_path / "die.py"
+    script.write_text(DIE)
+    began = time.monotonic()
+    done = subprocess.run(_mpirun(sim_hosts, script), capture_output=True, text=True,
+                          timeout=JOB_S, env=_mpi_env(), cwd=tmp_path)
+    took = time.monotonic() - began
+    out = done.stdout + done.stderr
+    assert done.returncode != 0 and took < 30, out
+    assert "rank 1 on h2 kills itself" in out
+    assert _quiet(sim_hosts) == [], "processes left on the hosts"
+    for host in sim_hosts.names:
+        assert sim_hosts.processes(host) == []
+
+
+def test_closing_the_rig_ends_what_runs_on_it_and_removes_everything(tmp_path):
+    reason = simhosts.unavailable()
+    if reason:
+        pytest.skip(reason)
+    rig = simhosts.SimHosts(shared=(tmp_path,)).start()
+    try:
+        sleeper = subprocess.Popen(rig.command("h2", ["sleep", "600"]), start_new_session=True)
+        deadline = time.monotonic() + 10
+        while not rig.processes("h2") and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert rig.processes("h2"), "the command never ran on h2"
+        pidns, netns, folder = rig.pidns, list(rig.netns.values()), rig.dir
+    finally:
+        rig.close()
+    assert sleeper.wait(timeout=10) != 0  # ended with the rig
+    assert simhosts.left_behind(pidns, netns) == []
+    assert not folder.exists() and rig.dir is None
+    rig.close()  # twice is harmless
+
+
+def test_a_rig_whose_maker_is_killed_goes_with_it(tmp_path):
+    reason = simhosts.unavailable()
+    if reason:
+        pytest.skip(reason)
+    maker = (f"import json, sys, time; sys.path.insert(0, {str(Path(simhosts.__file__).parent.parent)!r})\n"
+             "from pytest_commbench import simhosts\n"
+             f"rig = simhosts.SimHosts(folder={str(tmp_path)!r}).start()\n"
+             "print(json.dumps([rig.pidns, list(rig.netns.values()), str(rig.dir)]), flush=True)\n"
+             "time.sleep(600)\n")
+    proc = subprocess.Popen([sys.executable, "-c", maker], stdout=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        pidns, netns, folder = json.loads(proc.stdout.readline())
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=10)
+        proc.stdout.close()
+    deadline = time.monotonic() + 15
+    while simhosts.left_behind(pidns, netns) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert simhosts.left_behind(pidns, netns) == []
+    assert Path(folder).exists()  # its folder, until the next rig sweeps it
+    simhosts.sweep(tmp_path)
+    assert not Path(folder).exists()
+
+
+# -- benchmark items whose ranks span the hosts ----------------------------------------------
+
+def _span(bench, rig: simhosts.SimHosts, *args: str, hostfile: Path | None = None):
+    launcher = shlex.join([str(rig.launcher()), *rig.mpi_options()])
+    return bench.pytester.runpytest_subprocess(
+        "suites", "-p", "no:cacheprovider", "--platform=cpu", "--commbench-unsandboxed",
+        f"--commbench-launcher={launcher}", f"--commbench-hostfile={hostfile or rig.hostfile}",
+        "--commbench-ranks-per-node=1", *args, timeout=240)
+
+
+def test_an_item_with_a_rank_on_each_host_passes_and_its_record_names_them(bench, sim_hosts):
+    bench.add_task("p2p/pingpong", ranks=2)
+    result = _span(bench, sim_hosts)
+    assert result.ret == 0, result.stdout.str()[-3000:]
+    (record,) = bench.records()
+    assert record["verdict"] == "pass", record["message"]
+    assert record["hosts"] == ["h1", "h2"]
+    assert _quiet(sim_hosts) == []
+    # its mutants are rejected across the hosts as on one
+    result = _span(bench, sim_hosts, "--commbench-model=mutants")
+    mutants = [r for r in bench.records() if r["model"] == "mutants"]
+    assert len(mutants) >= 2 and all(r["verdict"] == "wrong_answer" for r in mutants), [
+        (r["candidate"], r["verdict"], r["message"]) for r in mutants]
+    assert all(r["hosts"] == ["h1", "h2"] for r in mutants)
+    assert _quiet(sim_hosts) == []
+
+
+def test_ranks_that_land_elsewhere_than_asked_are_an_infra_error_saying_where(bench,
+                                                                              sim_hosts):
+    bench.add_task("p2p/pingpong", ranks=2)
+    # the first host by its name and by its address: two nodes to the placement, one to MPI
+    mixed = sim_hosts.dir / "mixed-hostfile"
+    mixed.write_text(f"h1\n{sim_hosts.address['h1']}\n")
+    _span(bench, sim_hosts, hostfile=mixed)
+    (record,) = bench.records()
+    assert record["verdict"] == "infra_error"
+    assert record["message"] == (
+        "the ranks did not land where the launcher was asked to put them: they ran on "
+        "h1: ranks 0-1 (asked: h1: rank 0; 10.77.0.1: rank 1)")
+    assert record["hosts"] == ["h1", "h1"]
+    assert _quiet(sim_hosts) == []
