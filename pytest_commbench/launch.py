@@ -27,7 +27,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -139,9 +139,9 @@ def mpi_env() -> dict[str, str]:
     return env
 
 
-def session_pids(sid: int) -> list[int]:
-    """Every live process whose session id is `sid` (Linux /proc)."""
-    pids = []
+def proc_stats() -> Iterator[tuple[int, list[str]]]:
+    """(pid, the fields of /proc/PID/stat after the command's name) of every process
+    (fields[0] is the state, fields[1] the parent, fields[3] the session id)."""
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
@@ -151,10 +151,18 @@ def session_pids(sid: int) -> list[int]:
         except OSError:
             continue
         fields = stat[stat.rfind(")") + 2:].split()
-        # fields[0] is the state, fields[3] the session id
-        if len(fields) > 3 and int(fields[3]) == sid and fields[0] != "Z":
-            pids.append(int(entry))
-    return pids
+        if len(fields) > 3:
+            yield int(entry), fields
+
+
+def session_pids(sid: int) -> list[int]:
+    """Every live process whose session id is `sid` (Linux /proc)."""
+    return [pid for pid, fields in proc_stats() if int(fields[3]) == sid and fields[0] != "Z"]
+
+
+def children(pid: int) -> list[int]:
+    """The processes whose parent is `pid`."""
+    return [child for child, fields in proc_stats() if int(fields[1]) == pid]
 
 
 def kill_session(sid: int, grace: float = GRACE_S) -> None:

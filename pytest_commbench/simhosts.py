@@ -413,23 +413,10 @@ def _quote(text: str) -> str:
     return shlex.quote(text)
 
 
-def _children(pid: int) -> list[int]:
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", "rb") as f:
-                stat = f.read().decode(errors="replace")
-        except OSError:
-            continue
-        if int(stat[stat.rfind(")") + 2:].split()[1]) == pid:
-            found.append(int(entry))
-    return found
-
-
 def _only_child(pid: int) -> int | None:
-    kids = _children(pid)
+    from .launch import children  # (the controller's side: this file runs as a script too)
+
+    kids = children(pid)
     return kids[0] if len(kids) == 1 else None
 
 
@@ -485,20 +472,13 @@ def left_behind(pidns: str, netns: list[str]) -> list[str]:
 
 
 def _kill_session(sid: int) -> None:
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
+    from .launch import session_pids  # (the controller's side)
+
+    for pid in session_pids(sid):
         try:
-            with open(f"/proc/{entry}/stat", "rb") as f:
-                stat = f.read().decode(errors="replace")
+            os.kill(pid, signal.SIGKILL)
         except OSError:
-            continue
-        fields = stat[stat.rfind(")") + 2:].split()
-        if len(fields) > 3 and int(fields[3]) == sid:
-            try:
-                os.kill(int(entry), signal.SIGKILL)
-            except OSError:
-                pass
+            pass
 
 
 # -- inside the rig: the keeper and each host's first process ------------------------------
