@@ -14,8 +14,9 @@ from pathlib import Path
 import pytest
 
 from pytest_commbench import build
-from pytest_commbench.build import DEVICE_FINDINGS, build_cuda
 from pytest_commbench.tasks import load_task
+from pytest_commbench.toolchains import amd, nvidia
+from pytest_commbench.toolchains.nvidia import DEVICE_FINDINGS, build_cuda
 
 REPO = Path(__file__).parent.parent
 TASK = "p2p/flag_pingpong"
@@ -145,7 +146,8 @@ def build_keys(monkeypatch):
         seen.append(folder.name)
         raise _Keyed
 
-    monkeypatch.setattr(build, "_built", stop)
+    monkeypatch.setattr(nvidia, "_built", stop)
+    monkeypatch.setattr(amd, "_built", stop)
     return seen
 
 
@@ -163,32 +165,32 @@ def test_build_keys_are_made_of_the_same_inputs(build_keys, tmp_path, monkeypatc
     of everything that goes into the build, in this order: keys kept by an earlier version of
     the harness still name the same builds. The recipe versions change only on purpose (every
     cached build is then made again)."""
-    assert (build.RECIPE_VERSION, build.CUDA_RECIPE_VERSION, build.HIP_RECIPE_VERSION) \
+    assert (build.RECIPE_VERSION, nvidia.CUDA_RECIPE_VERSION, amd.HIP_RECIPE_VERSION) \
         == ("py-2", "cu-2", "hip-1")
     digest = build.digest
     header = "".join(p.read_text() for p in sorted(build.INCLUDE_DIR.glob("*.h")))
-    on_cuda = "".join(p.read_text() for p in sorted(build.HIP_ON_CUDA_DIR.rglob("*.h")))
+    on_cuda = "".join(p.read_text() for p in sorted(nvidia.HIP_ON_CUDA_DIR.rglob("*.h")))
 
     def task(relpath):
         return load_task(REPO / "suites" / relpath / "task.toml", REPO / "suites")
 
     cuda, hip, tk = task(TASK), task(TASK + "_hip"), task("collective/tk_allgather")
-    assert _keyed(build_keys, build.build_cuda, cuda, SOURCE, tmp_path, "sm_90") == digest(
+    assert _keyed(build_keys, nvidia.build_cuda, cuda, SOURCE, tmp_path, "sm_90") == digest(
         "cu-2", "sm_90", TASK, "cuda", cuda.library, *cuda.requires, header, "", SOURCE)
     # a HIP task through the HIP->CUDA header
-    assert _keyed(build_keys, build.build_cuda, hip, SOURCE, tmp_path, "sm_90") == digest(
+    assert _keyed(build_keys, nvidia.build_cuda, hip, SOURCE, tmp_path, "sm_90") == digest(
         "cu-2", "sm_90", TASK + "_hip", "hip", hip.library, *hip.requires, header + on_cuda,
         "", SOURCE)
     # ThunderKittens: what its headers hold, wherever they lie
     kittens = tmp_path / "kittens"
     kittens.mkdir()
     (kittens / "kittens.cuh").write_text("// kittens\n")
-    monkeypatch.setenv(build.THUNDERKITTENS_ENV, str(kittens))
-    assert _keyed(build_keys, build.build_cuda, tk, SOURCE, tmp_path, "sm_90") == digest(
+    monkeypatch.setenv(nvidia.THUNDERKITTENS_ENV, str(kittens))
+    assert _keyed(build_keys, nvidia.build_cuda, tk, SOURCE, tmp_path, "sm_90") == digest(
         "cu-2", "sm_90", tk.relpath, "cuda", tk.library, *tk.requires, header,
         digest("kittens.cuh", b"// kittens\n".hex()), SOURCE)
-    toolchain = "rocm" if build.rocm_path() else "debian"
-    assert _keyed(build_keys, build.build_hip, hip, SOURCE, tmp_path, "gfx942") == digest(
+    toolchain = "rocm" if amd.rocm_path() else "debian"
+    assert _keyed(build_keys, amd.build_hip, hip, SOURCE, tmp_path, "gfx942") == digest(
         "hip-1", "gfx942", toolchain, TASK + "_hip", hip.library, *hip.requires, header, SOURCE)
     python = task("collective/binomial_bcast")
     assert build.build_python(python, "x = 1\n", tmp_path).digest == digest(
