@@ -453,7 +453,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
     cache = Path(args.cache) if args.cache else Path(tempfile.mkdtemp(prefix="commbench-compile-"))
     work = []
     tasks, failures = load_suite(root)
-    from .build import THUNDERKITTENS_ENV, thunderkittens_include, uses_thunderkittens
+    from .toolchains.nvidia import THUNDERKITTENS_ENV, thunderkittens_include, uses_thunderkittens
 
     # what the profile compiles: HIP for gfx942 on mi325x, HIP through the HIP->CUDA header on
     # h200-hip, CUDA on the NVIDIA profiles (their Python tasks need no build)

@@ -200,7 +200,7 @@ class Cupti:
 
 
 def _cuda_homes() -> list[Path]:
-    from .build import cuda_runtime_dir
+    from .toolchains.nvidia import cuda_runtime_dir
 
     homes = []
     if os.environ.get("CUDA_HOME"):
@@ -232,7 +232,7 @@ def find_cupti() -> Cupti | None:
     /usr/local/cuda*: include/ and lib64/, or extras/CUPTI/), then the nvidia-cuda-cupti Python
     package (`nvidia/cu13/` or `nvidia/cuda_cupti/`). cupti.h includes cuda.h: it is looked for
     next to CUPTI's headers, in the toolkit and in the nvidia-cuda-runtime package."""
-    from .build import _package_dir
+    from .toolchains.nvidia import _package_dir
 
     places: list[tuple[list[Path], list[Path]]] = []  # (include folders, library folders)
     for home in _cuda_homes():

@@ -163,7 +163,7 @@ def default_libraries(mpiexec: str | None = None, *, nccl: bool = False,
     """libmpi, and libnccl.so.2 / libnvshmem_host.so.3 where the task uses them."""
     libs = [p for p in [find_libmpi(mpiexec)] if p is not None]
     if nccl or nvshmem:
-        from .build import find_cuda_libs
+        from .toolchains.nvidia import find_cuda_libs
 
         cuda = find_cuda_libs()
         wanted = [(nccl, cuda.nccl_lib, "libnccl.so.2"), (nvshmem, cuda.nvshmem_lib, "libnvshmem_host.so.3")]

@@ -717,7 +717,7 @@ def create(config: pytest.Config) -> CommbenchState:
         platform.compile_only = True  # nothing runs: a platform without its devices still builds
     tk, tk_where = lookup(config, "thunderkittens")
     if tk:
-        from .build import THUNDERKITTENS_ENV, thunderkittens_include
+        from .toolchains.nvidia import THUNDERKITTENS_ENV, thunderkittens_include
 
         os.environ[THUNDERKITTENS_ENV] = str(Path(tk).expanduser().resolve())
         if thunderkittens_include() is None:

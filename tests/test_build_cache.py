@@ -1,6 +1,7 @@
 """The build cache shared between runs (`--commbench-build-cache`, `commbench compile --cache`):
 a source is built once however many threads or runs ask for it at the same time, a second
-run finds it again, and a build leaves nothing half-written behind."""
+run finds it again, a build leaves nothing half-written behind, and a build's key (its folder)
+is made of the same inputs from one version of the harness to the next."""
 
 from __future__ import annotations
 
@@ -12,8 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from pytest_commbench.build import DEVICE_FINDINGS, build_cuda
+from pytest_commbench import build
 from pytest_commbench.tasks import load_task
+from pytest_commbench.toolchains import amd, nvidia
+from pytest_commbench.toolchains.nvidia import DEVICE_FINDINGS, build_cuda
 
 REPO = Path(__file__).parent.parent
 TASK = "p2p/flag_pingpong"
@@ -128,3 +131,67 @@ def test_commbench_compile_builds_through_the_platforms_own_door(monkeypatch, ca
     want_arch = arch or {"h200": "sm_90", "h200-hip": "sm_90", "mi325x": "gfx942"}[platform]
     assert len(seen) >= 3 and {s[:2] for s in seen} == {(platform, want_arch)}, seen
     assert "0 failed" in capsys.readouterr().out
+
+
+class _Keyed(Exception):
+    """A build stopped where it names its cached folder (the folder's name is the build key)."""
+
+
+@pytest.fixture
+def build_keys(monkeypatch):
+    """Builds that stop before any compiler runs, and the keys they asked for, in order."""
+    seen = []
+
+    def stop(folder, name, source, make):
+        seen.append(folder.name)
+        raise _Keyed
+
+    monkeypatch.setattr(nvidia, "_built", stop)
+    monkeypatch.setattr(amd, "_built", stop)
+    return seen
+
+
+def _keyed(build_keys, recipe, *args) -> str:
+    with pytest.raises(_Keyed):
+        recipe(*args)
+    return build_keys.pop()
+
+
+SOURCE = "extern \"C\" int commbench_run(const void*) { return 0; }\n"
+
+
+def test_build_keys_are_made_of_the_same_inputs(build_keys, tmp_path, monkeypatch):
+    """A build's key (its folder in a shared cache) is the digest of the recipe's version and
+    of everything that goes into the build, in this order: keys kept by an earlier version of
+    the harness still name the same builds. The recipe versions change only on purpose (every
+    cached build is then made again)."""
+    assert (build.RECIPE_VERSION, nvidia.CUDA_RECIPE_VERSION, amd.HIP_RECIPE_VERSION) \
+        == ("py-2", "cu-2", "hip-1")
+    digest = build.digest
+    header = "".join(p.read_text() for p in sorted(build.INCLUDE_DIR.glob("*.h")))
+    on_cuda = "".join(p.read_text() for p in sorted(nvidia.HIP_ON_CUDA_DIR.rglob("*.h")))
+
+    def task(relpath):
+        return load_task(REPO / "suites" / relpath / "task.toml", REPO / "suites")
+
+    cuda, hip, tk = task(TASK), task(TASK + "_hip"), task("collective/tk_allgather")
+    assert _keyed(build_keys, nvidia.build_cuda, cuda, SOURCE, tmp_path, "sm_90") == digest(
+        "cu-2", "sm_90", TASK, "cuda", cuda.library, *cuda.requires, header, "", SOURCE)
+    # a HIP task through the HIP->CUDA header
+    assert _keyed(build_keys, nvidia.build_cuda, hip, SOURCE, tmp_path, "sm_90") == digest(
+        "cu-2", "sm_90", TASK + "_hip", "hip", hip.library, *hip.requires, header + on_cuda,
+        "", SOURCE)
+    # ThunderKittens: what its headers hold, wherever they lie
+    kittens = tmp_path / "kittens"
+    kittens.mkdir()
+    (kittens / "kittens.cuh").write_text("// kittens\n")
+    monkeypatch.setenv(nvidia.THUNDERKITTENS_ENV, str(kittens))
+    assert _keyed(build_keys, nvidia.build_cuda, tk, SOURCE, tmp_path, "sm_90") == digest(
+        "cu-2", "sm_90", tk.relpath, "cuda", tk.library, *tk.requires, header,
+        digest("kittens.cuh", b"// kittens\n".hex()), SOURCE)
+    toolchain = "rocm" if amd.rocm_path() else "debian"
+    assert _keyed(build_keys, amd.build_hip, hip, SOURCE, tmp_path, "gfx942") == digest(
+        "hip-1", "gfx942", toolchain, TASK + "_hip", hip.library, *hip.requires, header, SOURCE)
+    python = task("collective/binomial_bcast")
+    assert build.build_python(python, "x = 1\n", tmp_path).digest == digest(
+        "py-2", "collective/binomial_bcast", "x = 1\n")

@@ -18,9 +18,10 @@ from pathlib import Path
 import pytest
 
 from pytest_commbench import build, sandbox
-from pytest_commbench.build import DEBIAN_DEVICE_LIBS, jailed, paths_named, rocm_path
+from pytest_commbench.build import jailed, paths_named
 from pytest_commbench.engine.job import compile_jail
 from pytest_commbench.settings import RunSettings, Settings
+from pytest_commbench.toolchains.amd import DEBIAN_DEVICE_LIBS, rocm_path
 from pytest_commbench.verdicts import Rejected, Verdict
 
 CC = next((c for c in ("cc", "gcc", "clang-19", "clang") if shutil.which(c)), None)

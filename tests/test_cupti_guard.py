@@ -228,8 +228,9 @@ def test_a_trusted_glob_is_a_file_name_glob(tmp_path):
 @needs_nvcc
 def test_the_elf_cheat_merges_builds_and_passes_the_static_check(tmp_path):
     from pytest_commbench import regions
-    from pytest_commbench.build import build_cuda, linked_names
+    from pytest_commbench.build import linked_names
     from pytest_commbench.tasks import load_task
+    from pytest_commbench.toolchains.nvidia import build_cuda
 
     spec = tomllib.loads((CHEAT / "cheat.toml").read_text())
     assert spec["expect"] == ["forbidden"]
@@ -452,7 +453,8 @@ PATTERNS = ("cudaMemcpy*", "cuMemcpy*", "cudaEvent*", "cudaMemset*", "cudaLaunch
 @pytest.fixture(scope="module")
 def gpu_kit(tmp_path_factory):
     """The probe, the test solutions and the stand-in library, built once."""
-    from pytest_commbench.build import INCLUDE_DIR, cuda_runtime_dir
+    from pytest_commbench.build import INCLUDE_DIR
+    from pytest_commbench.toolchains.nvidia import cuda_runtime_dir
 
     root = tmp_path_factory.mktemp("cupti_kit")
     runtime = cuda_runtime_dir()
@@ -504,8 +506,9 @@ def test_the_harness_calls_pass_with_every_cuda_function_forbidden(gpu_kit, tmp_
 def test_the_elf_cheat_is_stopped_at_its_copy(gpu_kit, tmp_path):
     """The fixture as the harness builds it: cudaMemcpyAsync found in libcudart's file."""
     from pytest_commbench import regions
-    from pytest_commbench.build import build_cuda, expand_forbid, native_forbid
+    from pytest_commbench.build import expand_forbid, native_forbid
     from pytest_commbench.tasks import load_task
+    from pytest_commbench.toolchains.nvidia import build_cuda
 
     spec = tomllib.loads((CHEAT / "cheat.toml").read_text())
     task = load_task(REPO / "suites" / spec["task"] / "task.toml", REPO / "suites")

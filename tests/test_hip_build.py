@@ -1,4 +1,4 @@
-"""The HIP build recipe (build.build_hip) with Debian's clang-19 and ROCm device libraries:
+"""The HIP build recipe (toolchains.amd.build_hip) with Debian's clang-19 and ROCm device libraries:
 a real gfx942 (and gfx90a) code object in the shared object, a compile error as the
 solution's verdict, a forbidden symbol refused, a cached build reused. Skipped, saying so,
 where the compiler is not installed (CI installs it)."""
@@ -10,7 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from pytest_commbench.build import DEBIAN_DEVICE_LIBS, build_hip, rocm_path
+from pytest_commbench.toolchains.amd import DEBIAN_DEVICE_LIBS, build_hip, rocm_path
 from pytest_commbench.verdicts import Rejected, Verdict
 
 pytestmark = pytest.mark.skipif(

@@ -10,15 +10,11 @@ from types import SimpleNamespace
 
 import pytest
 
-from pytest_commbench.build import (
-    DEBIAN_DEVICE_LIBS,
-    build_cuda,
-    build_hip,
-    hip_on_cuda_forbid,
-    rocm_path,
-)
+from pytest_commbench.build import hip_on_cuda_forbid
 from pytest_commbench.platforms import make
 from pytest_commbench.profiles import PROFILES
+from pytest_commbench.toolchains.amd import DEBIAN_DEVICE_LIBS, build_hip, rocm_path
+from pytest_commbench.toolchains.nvidia import build_cuda
 from pytest_commbench.verdicts import Rejected, Verdict
 
 SOURCE = """
@@ -105,7 +101,7 @@ def test_an_rccl_solution_builds_for_gfx942_without_rccl_installed(tmp_path):
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="no nvcc here")
 def test_an_rccl_solution_builds_on_nccl_through_the_header(tmp_path):
-    from pytest_commbench.build import find_cuda_libs
+    from pytest_commbench.toolchains.nvidia import find_cuda_libs
 
     if find_cuda_libs().nccl_include is None:
         pytest.skip("no NCCL headers here (pip install -e '.[cuda-headers]')")

@@ -152,3 +152,74 @@ def test_a_loop_through_a_deferred_import_is_found(tmp_path):
     assert "pkg/b.py:5 imports pkg.a" in found[0] and "pkg/a.py:1 imports pkg.b" in found[0]
     assert "pkg/c.py:1 imports pkg.sub" in found[1], found[1]
     assert not cycles(pkg, {("pkg.b", "pkg.a"), ("pkg.sub.user", "pkg.c")})
+
+
+
+def reached(graph: dict[str, set[str]], start: str) -> set[str]:
+    """Every module an import of `start` runs (its own imports, theirs, ...), less itself."""
+    seen, todo = set(), [start]
+    while todo:
+        for nxt in graph.get(todo.pop(), ()):
+            if nxt not in seen:
+                seen.add(nxt)
+                todo.append(nxt)
+    return seen - {start}
+
+
+def bound(path: Path, imported: bool = True) -> set[str]:
+    """The names a module binds at its top level: what it defines or assigns, and (`imported`)
+    what it imports."""
+    names = set()
+    for node in ast.parse(path.read_text(encoding="utf-8"), str(path)).body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            for target in node.targets if isinstance(node, ast.Assign) else [node.target]:
+                names.update(n.id for n in ast.walk(target) if isinstance(n, ast.Name))
+        elif imported and isinstance(node, (ast.Import, ast.ImportFrom)):
+            names.update((a.asname or a.name).split(".")[0] for a in node.names)
+    return names
+
+
+VENDOR_PACKAGES = ("pytest_commbench.toolchains", "pytest_commbench.platforms")
+BUILD, TOOLCHAINS = "pytest_commbench.build", "pytest_commbench.toolchains"
+
+
+def test_the_common_build_imports_no_vendor_module():
+    """build.py is the machinery every vendor's toolchain shares: it imports no toolchain and no
+    platform, directly or through another module, and binds none of a toolchain's names (no
+    re-export: each vendor's recipe has one home, `toolchains/<vendor>.py`). A vendor's
+    toolchain imports no other vendor's, nor a platform (the platforms build through them)."""
+    graph: dict[str, set[str]] = {}
+    for a, b in imports(PACKAGE):
+        graph.setdefault(a, set()).add(b)
+
+    def vendor(module: str) -> bool:
+        return any(module == p or module.startswith(p + ".") for p in VENDOR_PACKAGES)
+
+    found = sorted(filter(vendor, reached(graph, BUILD)))
+    assert not found, f"build.py imports {found}"
+    files = modules(PACKAGE)
+    toolchains = sorted(m for m in files if m.startswith(TOOLCHAINS + "."))
+    assert {f"{TOOLCHAINS}.nvidia", f"{TOOLCHAINS}.amd"} <= set(toolchains)
+    common = bound(files[BUILD])
+    for toolchain in toolchains:
+        others = set(filter(vendor, reached(graph, toolchain))) - {TOOLCHAINS}
+        assert not others, f"{toolchain} imports {sorted(others)}"
+        shared = bound(files[toolchain], imported=False) & common
+        assert not shared, f"build.py binds {sorted(shared)}, names of {toolchain}"
+
+
+def test_the_vendor_rule_sees_a_vendor_import(tmp_path):
+    """The reader behind the rule: a deferred import of a toolchain by the common build is
+    reached, and so is one made through a third module."""
+    pkg = tmp_path / "pkg"
+    (pkg / "toolchains").mkdir(parents=True)
+    for name in ("__init__.py", "toolchains/__init__.py", "toolchains/nvidia.py"):
+        (pkg / name).write_text("")
+    (pkg / "build.py").write_text("def f():\n    from .helper import g\n")
+    (pkg / "helper.py").write_text("from .toolchains.nvidia import X\n")
+    graph: dict[str, set[str]] = {}
+    for a, b in imports(pkg):
+        graph.setdefault(a, set()).add(b)
+    assert {"pkg.helper", "pkg.toolchains", "pkg.toolchains.nvidia"} <= reached(graph, "pkg.build")

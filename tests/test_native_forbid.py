@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from pytest_commbench.build import build_cuda, native_forbid
+from pytest_commbench.build import native_forbid
 from pytest_commbench.tasks import load_task
+from pytest_commbench.toolchains.nvidia import build_cuda
 from pytest_commbench.verdicts import Rejected, Verdict
 
 REPO = Path(__file__).parent.parent

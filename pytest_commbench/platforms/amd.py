@@ -56,9 +56,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..build import DEBIAN_DEVICE_LIBS, build_hip, rccl_library, rocm_path
 from ..profiles import PROFILES, GpuProfile
 from ..tasks import Task
+from ..toolchains.amd import DEBIAN_DEVICE_LIBS, build_hip, rccl_library, rocm_path
 from .base import DoctorRow
 from .gpu import GENERIC, GpuPlatform, _run, version_line
 from .gpu import row as doctor_row

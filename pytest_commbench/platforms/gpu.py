@@ -20,11 +20,11 @@ import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
-from ..build import thunderkittens_include
 from ..leases import lease
 from ..profiles import DISTINCT, PROFILES, GpuProfile
 from ..rank.protocol import ENV_RANK_CPUS
 from ..tasks import Task
+from ..toolchains.nvidia import thunderkittens_include
 from .base import Platform
 
 #: the name --platform=auto gives a GPU of a vendor's that no profile describes

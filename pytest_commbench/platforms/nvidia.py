@@ -15,11 +15,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ..build import build_cuda, build_python, cuda_runtime_dir, find_cuda_libs
+from ..build import build_python
 from ..cupti_guard import find_cupti
 from ..profiles import DISTINCT, PROFILES, GpuProfile
 from ..rank.protocol import SANITIZER_EXIT, SANITIZER_LOG
 from ..tasks import Task
+from ..toolchains.nvidia import build_cuda, cuda_runtime_dir, find_cuda_libs
 from .base import DoctorRow
 from .gpu import GENERIC, GpuPlatform, _run, _version, gpu_local_cpus_from, row, version_line
 
