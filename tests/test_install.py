@@ -46,3 +46,19 @@ def test_every_extra_the_readme_and_the_docs_name_exists():
                  for e in group.split(",")}
         assert named <= extras, (page.name, named - extras)
     assert re.findall(r'\.\[([a-z,-]+)\]', README)
+
+
+def test_every_header_the_recipes_name_is_package_data():
+    """A built wheel holds every header the build recipes put on a compiler's include path
+    (the HIP->CUDA header and RCCL's declarations are in folders below include/)."""
+    import fnmatch
+    import tomllib
+
+    root = Path(__file__).resolve().parents[1]
+    patterns = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"][
+        "package-data"]["pytest_commbench"]
+    package = root / "pytest_commbench"
+    for header in (package / "include").rglob("*.h"):
+        rel = header.relative_to(package).as_posix()
+        assert any(fnmatch.fnmatchcase(rel, p) and rel.count("/") == p.count("/")
+                   for p in patterns), f"{rel} is not package data"
