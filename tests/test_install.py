@@ -52,6 +52,7 @@ def test_every_header_the_recipes_name_is_package_data():
     """A built wheel holds every header the build recipes put on a compiler's include path
     (the HIP->CUDA header and RCCL's declarations are in folders below include/)."""
     import fnmatch
+
     import tomllib
 
     root = Path(__file__).resolve().parents[1]
