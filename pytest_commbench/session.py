@@ -28,8 +28,10 @@ from typing import Any
 import pytest
 
 from .platforms import PROFILES, detect
+from .record import ResultLine
 from .results import ResultsLog, RunBusy, RunLock, finished
 from .settings import RunSettings
+from .verdicts import Verdict
 
 STATE = pytest.StashKey["CommbenchState"]()
 RUN_FILE = "run.json"
@@ -424,7 +426,7 @@ class CommbenchState:
     known_vendors: Any = None
     agent: Any = None  # --commbench-agent: what runs a task's candidates (None: direct)
     _fingerprint: dict | None = None
-    _resumed: dict | None = field(default=None, repr=False)
+    _resumed: dict[str, ResultLine] | None = field(default=None, repr=False)
     run_lock: RunLock | None = field(default=None, repr=False)  # one session per run folder
 
     def item_seed(self, nodeid: str) -> int:
@@ -442,7 +444,7 @@ class CommbenchState:
         return self._fingerprint
 
     @property
-    def resumed(self) -> dict[str, dict]:
+    def resumed(self) -> dict[str, ResultLine]:
         """Result records the run being resumed already has, by node id (this model's only;
         an `infra_error` is no result: the machine's or the provider's fault, the item runs
         again)."""
@@ -452,8 +454,8 @@ class CommbenchState:
                 self._resumed = {
                     nodeid: record
                     for nodeid, record in finished(self.log.path, self.resume_upto).items()
-                    if record.get("model") == self.model.name
-                    and record.get("verdict") != "infra_error"
+                    if record.item.model == self.model.name
+                    and record.verdict != Verdict.INFRA_ERROR
                 }
         return self._resumed
 
@@ -534,7 +536,7 @@ def _resumed_seed(run_dir: Path, given: int | None, where: str) -> tuple[int, di
     seed = info.get("seed")
     log = run_dir / "results.jsonl"
     if seed is None and log.exists():
-        seeds = {r.get("seed") for r in finished(log).values() if r.get("seed") is not None}
+        seeds = {r.seed for r in finished(log).values() if r.seed is not None}
         seed = seeds.pop() if len(seeds) == 1 else None
     if seed is None:
         if given is None:

@@ -206,7 +206,7 @@ def test_figures_and_trust_of_a_measured_item(tmp_path):
     got = measure(plan, {"ref": jobs.ref, "sol": jobs.sol}, jobs, lambda: Load())
     sizes, value = figures(plan, got)
     assert value == pytest.approx(2.0, rel=1e-6)
-    assert [s["batch"] for s in sizes] == [4, 1] and len(sizes[0]["jobs_sol_us"]) == 3
+    assert [s.batch for s in sizes] == [4, 1] and len(sizes[0].jobs_sol_us) == 3
     ci90, level = trust(sizes, value, got, shared=False)
     assert level == "ok" and ci90[0] <= value <= ci90[1]
     assert trust(sizes, value, got, shared=True)[1] == "shared"
@@ -296,7 +296,7 @@ def test_a_speedup_series_is_ordered_as_the_jobs_ran(tmp_path):
     plan = _plan(tmp_path, timing_rounds=2, timing_max_rounds=2)
     got = measure(plan, {"ref": jobs.ref, "sol": jobs.sol}, jobs, lambda: Load())
     sizes, _ = figures(plan, got)
-    assert np.allclose(sizes[0]["jobs_ref_us"], [3000 * 1.002, 2000 * 1.002], rtol=1e-6)
+    assert np.allclose(sizes[0].jobs_ref_us, [3000 * 1.002, 2000 * 1.002], rtol=1e-6)
 
 
 def test_help_texts_take_their_defaults_from_the_option_table():
