@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import html
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -330,9 +330,10 @@ def index_page(board: Board, command: str = "") -> str:
     return _page("CommBench leaderboard", "".join(body))
 
 
-def _sizes_table(sizes: tuple[Size, ...]) -> str:
+def _sizes_table(sizes: Iterable[Size | Mapping[str, Any]]) -> str:
     """Per size both sides' times and, for a bandwidth metric, their algbw and busbw (as
     nccl-tests prints them; busbw where the task names it), and the speedup."""
+    sizes = [Size.of(s) for s in sizes]
     if not sizes:
         return ""
     bw = any(bandwidths(s)[0] is not None for s in sizes)

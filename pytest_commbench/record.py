@@ -11,10 +11,11 @@ Every part is a frozen dataclass whose fields say how they are written (`written
 - `("with", name)`: written where the field `name` is not None (a refinement's first passing
   round goes with its history, null where no round passed).
 
-A line is read tolerantly, as lines of any version are: a field it lacks keeps its default and
-is remembered as `absent` (so the line is written back as it was read), a field this version
-does not know is kept in `extra` (of the line, of a size, of a round) and written back as it
-is. `problem` says why a parsed line is no record a report or a resume can use (the checks are
+A line is read tolerantly, as lines of any version are: a field it lacks keeps its default, and
+a field it has or lacks unlike its rule (an older line without a field always written now, or
+with null where a field is written only where set) is remembered in `exceptions`, so that the
+line is written back as it was read; a field this version does not know is kept in `extra`
+(of the line, of a size, of a round) and written back as it is. `problem` says why a parsed line is no record a report or a resume can use (the checks are
 declared with the fields); `ResultLine.read` refuses such a line (`RecordError`).
 
 Every string of a line is capped (`cap`): a solution controls its exception messages and its
@@ -28,8 +29,8 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import Field, dataclass, field, fields, replace
-from functools import cached_property
+from dataclasses import MISSING, dataclass, field, fields, replace
+from functools import cache, cached_property
 from typing import Any, ClassVar
 
 from .verdicts import Verdict
@@ -130,71 +131,121 @@ def _plain(value: Any) -> Any:
     return value
 
 
+@dataclass(frozen=True)
+class _Spec:
+    """A field of a part as the serializer reads it."""
+
+    name: str
+    key: str
+    meta: Mapping[str, Any]
+    flat: type | None
+    default: Any  # its default (None where a factory makes it: never a None)
+
+
 class Part:
     """What every part of the line shares: one serializer, driven by its fields' `written`."""
 
-    absent: frozenset[str]
-    _cache: ClassVar[dict[type, tuple[Field, ...]]] = {}
+    exceptions: frozenset[str]
+    #: the prefixes of keys a part claims besides its fields' (an agent's "agent_*")
+    prefixes: ClassVar[tuple[str, ...]] = ()
+    _specs: ClassVar[dict[type, tuple[_Spec, ...]]] = {}
+    _known: ClassVar[dict[type, tuple[frozenset[str], tuple[str, ...], bool]]] = {}
 
     @classmethod
-    def _fields(cls) -> tuple[Field, ...]:
-        if cls not in Part._cache:
-            Part._cache[cls] = tuple(f for f in fields(cls)  # type: ignore[arg-type]
-                                     if "when" in f.metadata or "flat" in f.metadata)
-        return Part._cache[cls]
+    def _fields(cls) -> tuple[_Spec, ...]:
+        specs = Part._specs.get(cls)
+        if specs is None:
+            specs = tuple(
+                _Spec(f.name, f.metadata.get("key", f.name), f.metadata, f.metadata.get("flat"),
+                      f.default if f.default is not MISSING else None)
+                for f in fields(cls)  # type: ignore[arg-type]
+                if "when" in f.metadata or "flat" in f.metadata)
+            Part._specs[cls] = specs
+        return specs
 
-    @staticmethod
-    def _key(f: Field) -> str:
-        return f.metadata.get("key", f.name)
+    @classmethod
+    def _keys(cls) -> tuple[frozenset[str], tuple[str, ...], bool]:
+        """The keys the part claims, the prefixes it claims and whether it keeps `extra`."""
+        known = Part._known.get(cls)
+        if known is None:
+            keys, prefixes = set(), list(cls.prefixes)
+            for f in cls._fields():
+                if f.flat is not None:
+                    inner, more, _ = f.flat._keys()
+                    keys |= inner
+                    prefixes += more
+                else:
+                    keys.add(f.key)
+            known = (frozenset(keys), tuple(prefixes),
+                     "extra" in {f.name for f in fields(cls)})  # type: ignore[arg-type]
+            Part._known[cls] = known
+        return known
 
     def __post_init__(self) -> None:
         """Values given as JSON (a third party's dicts and lists) become the typed parts."""
         for f in self._fields():
             value = getattr(self, f.name)
-            meta = f.metadata
-            if "flat" in meta and isinstance(value, Mapping):
-                value = meta["flat"].from_json(value)
-            elif "each" in meta and isinstance(value, (list, tuple)):
-                value = tuple(meta["each"].from_json(v) if isinstance(v, Mapping) else v
-                              for v in value)
-            elif "part" in meta and isinstance(value, Mapping):
-                value = meta["part"].from_json(value)
-            elif isinstance(value, list):
-                value = tuple(value)
+            if value is None or isinstance(value, (str, int, float, Part)):
+                continue
+            if isinstance(value, (dict, Mapping)):
+                kind = f.flat or f.meta.get("part")
+                if kind is None:
+                    continue
+                value = kind.from_json(value)
+            elif isinstance(value, (list, tuple)):
+                each = f.meta.get("each")
+                if each is not None:
+                    value = tuple(each.from_json(v) if isinstance(v, Mapping) else v
+                                  for v in value)
+                elif isinstance(value, list):
+                    value = tuple(value)
+                else:
+                    continue
             else:
                 continue
             object.__setattr__(self, f.name, value)
 
-    def _writes(self, f: Field) -> bool:
-        """Whether the field is written, as its value stands (`absent` aside)."""
-        when = f.metadata["when"]
+    @staticmethod
+    def _rule(f: _Spec, value: Any, other: Callable[[str], Any]) -> bool:
+        """Whether the field's rule writes it, its value (and the one its rule names) as
+        they stand."""
+        when = f.meta["when"]
         if when == ALWAYS:
             return True
         if when == SET:
-            return getattr(self, f.name) is not None
-        return getattr(self, when[1]) is not None  # ("with", other field)
+            return value is not None
+        return other(when[1]) is not None  # ("with", other field)
+
+    def _writes(self, f: _Spec) -> bool:
+        return self._rule(f, getattr(self, f.name), lambda name: getattr(self, name))
 
     def to_json(self) -> dict[str, Any]:
         """The part as the line's JSON object (fields it does not know, then its own)."""
         out: dict[str, Any] = dict(getattr(self, "extra", None) or {})
         for f in self._fields():
             value = getattr(self, f.name)
-            if "flat" in f.metadata:
+            if f.flat is not None:
                 if value is not None:
                     out.update(value.to_json())
-            elif f.name not in self.absent and self._writes(f):
-                out[self._key(f)] = _plain(value)
+            elif self._writes(f) != (f.name in self.exceptions):
+                out[f.key] = _plain(value)
         return out
+
+    def evolve(self, **changes: Any):
+        """A copy with `changes`, each written by its rule (a report that sets a field of a
+        line read without it writes it)."""
+        return replace(self, **changes, exceptions=self.exceptions - changes.keys())
 
     @classmethod
     def claims(cls, key: str) -> bool:
         """Whether a JSON key is one of this part's (or of a part written into it)."""
-        return any(f.metadata["flat"].claims(key) if "flat" in f.metadata
-                   else cls._key(f) == key for f in cls._fields())
+        keys, prefixes, _ = cls._keys()
+        return key in keys or key.startswith(prefixes)
 
     @classmethod
     def _extra(cls, data: Mapping[str, Any]) -> dict[str, Any]:
-        return {k: v for k, v in data.items() if not cls.claims(k)}
+        keys, prefixes, _ = cls._keys()
+        return {k: v for k, v in data.items() if k not in keys and not k.startswith(prefixes)}
 
     @classmethod
     def _flat_from(cls, data: Mapping[str, Any]) -> Part | None:
@@ -203,21 +254,31 @@ class Part:
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]):
-        """The part from a JSON object of any version: fields it lacks keep their defaults and
-        are remembered as absent; keys it does not know are kept in `extra` where the part
-        has one (else left)."""
+        """The part from a JSON object of any version: fields it lacks keep their defaults;
+        fields it has or lacks unlike their rule are remembered as exceptions; keys it does
+        not know are kept in `extra` where the part has one (else left)."""
         kw: dict[str, Any] = {}
-        for f in cls._fields():
-            if "flat" in f.metadata:
-                kw[f.name] = f.metadata["flat"]._flat_from(data)
-            elif cls._key(f) in data:
-                kw[f.name] = data[cls._key(f)]
-        if "extra" in {f.name for f in fields(cls)}:  # type: ignore[arg-type]
+        specs = cls._fields()
+        for f in specs:
+            if f.flat is not None:
+                kw[f.name] = f.flat._flat_from(data)
+            elif f.key in data:
+                kw[f.name] = data[f.key]
+        if cls._keys()[2]:
             kw["extra"] = cls._extra(data)
-        made = cls(**kw)
-        missing = frozenset(f.name for f in cls._fields() if "flat" not in f.metadata
-                            and cls._key(f) not in data and made._writes(f))
-        return replace(made, absent=missing) if missing else made
+        by_name = {f.name: f for f in specs}
+
+        def value(name: str) -> Any:
+            return kw[name] if name in kw else by_name[name].default
+
+        unlike = frozenset(f.name for f in specs if f.flat is None
+                           and (f.key in data) != cls._rule(f, value(f.name), value))
+        return cls(**kw, exceptions=unlike)
+
+    @classmethod
+    def of(cls, value: Any):
+        """The part from itself or its JSON (a report given JSON reads it so)."""
+        return value if isinstance(value, cls) else cls.from_json(value)
 
     @classmethod
     def partial(cls, **given: Any):
@@ -225,32 +286,32 @@ class Part:
         of an item that ended before it was judged (skipped, its worker died, aborted)."""
         made = cls(**given)
         parts = {f.name: type(getattr(made, f.name)).partial() for f in cls._fields()
-                 if "flat" in f.metadata and f.name not in given
+                 if f.flat is not None and f.name not in given
                  and getattr(made, f.name) is not None}
-        missing = frozenset(f.name for f in cls._fields() if "flat" not in f.metadata
+        missing = frozenset(f.name for f in cls._fields() if f.flat is None
                             and f.name not in given and made._writes(f))
-        return replace(made, absent=missing, **parts)
+        return replace(made, exceptions=missing, **parts)
 
     @classmethod
     def checks(cls) -> Iterator[tuple[str, str, Callable[[Any], bool]]]:
         """(key, what it must be, the test) of every checked field, flat parts' included."""
         for f in cls._fields():
-            if "flat" in f.metadata:
-                yield from f.metadata["flat"].checks()
-            elif "check" in f.metadata:
-                yield (cls._key(f), *f.metadata["check"])
+            if f.flat is not None:
+                yield from f.flat.checks()
+            elif "check" in f.meta:
+                yield (f.key, *f.meta["check"])
 
     @classmethod
     def junit_keys(cls) -> Iterator[str]:
         """The keys the JUnit summary carries, flat parts' included."""
         for f in cls._fields():
-            if "flat" in f.metadata:
-                yield from f.metadata["flat"].junit_keys()
-            elif f.metadata["junit"]:
-                yield cls._key(f)
+            if f.flat is not None:
+                yield from f.flat.junit_keys()
+            elif f.meta["junit"]:
+                yield f.key
 
 
-def _absent() -> Any:
+def _exceptions() -> Any:
     return field(default=frozenset(), repr=False)
 
 
@@ -276,7 +337,7 @@ class Size(Part):
     jobs_ref_us: tuple[float, ...] = written(factory=tuple)
     batch: int = written(1)
     extra: dict[str, Any] = field(default_factory=dict, repr=False)
-    absent: frozenset[str] = _absent()
+    exceptions: frozenset[str] = _exceptions()
 
     def value(self, role: str = "sol") -> float | None:
         """The task's metric of one side ("sol" or "ref")."""
@@ -301,7 +362,7 @@ class Round(Part):
     why: str | None = written(when=SET)
     restart: bool | None = written(when=SET)
     extra: dict[str, Any] = field(default_factory=dict, repr=False)
-    absent: frozenset[str] = _absent()
+    exceptions: frozenset[str] = _exceptions()
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -312,13 +373,9 @@ class Round(Part):
     def passed(self) -> bool:
         return self.verdict == Verdict.PASS
 
-    @classmethod
-    def of(cls, value: Round | Mapping[str, Any]) -> Round:
-        return value if isinstance(value, Round) else cls.from_json(value)
-
 
 @dataclass(frozen=True)
-class HostLoad(Part):
+class MachineLoad(Part):
     """The machine's load while an item was timed: its CPUs, the item's busy ranks, the CPUs
     busy with other work (None: unknown) and whether they were more than the CPUs."""
 
@@ -327,7 +384,22 @@ class HostLoad(Part):
     outside_cpus: float | None = written()
     contended: bool | None = written()
     extra: dict[str, Any] = field(default_factory=dict, repr=False)
-    absent: frozenset[str] = _absent()
+    exceptions: frozenset[str] = _exceptions()
+
+
+def request_cost(request: Mapping[str, Any]) -> float:
+    """What one request behind an answer cost when it was asked (0 where it says nothing)."""
+    return float(request.get("cost") or 0.0)
+
+
+def request_price(request: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """The price a request's cost was computed with (None: no price was had)."""
+    return (request or {}).get("price") or None
+
+
+def request_limit(request: Mapping[str, Any] | None) -> int | None:
+    """The output-token limit a request was made with."""
+    return (request or {}).get("max_tokens")
 
 
 @dataclass(frozen=True)
@@ -342,7 +414,7 @@ class Usage(Part):
     requests: tuple[dict[str, Any], ...] = written(factory=tuple, junit=False)
     replayed: bool = written(False)
     price_source: dict[str, Any] | None = written(when=SET)
-    absent: frozenset[str] = _absent()
+    exceptions: frozenset[str] = _exceptions()
 
     @property
     def known(self) -> bool:
@@ -385,15 +457,13 @@ class AgentSummary(Part):
     steps: tuple[str, ...] | None = written(key="agent_steps", junit=False)
     iteration: int | None = written(key="agent_iteration", when=SET, junit=False)
     extra: dict[str, Any] = field(default_factory=dict, repr=False)
-    absent: frozenset[str] = _absent()
+    exceptions: frozenset[str] = _exceptions()
 
-    @classmethod
-    def claims(cls, key: str) -> bool:
-        return key == "agent" or key.startswith("agent_")
+    prefixes: ClassVar[tuple[str, ...]] = ("agent_",)
 
     @classmethod
     def _extra(cls, data: Mapping[str, Any]) -> dict[str, Any]:
-        own = {cls._key(f) for f in cls._fields()}
+        own = cls._keys()[0]
         return {k: v for k, v in data.items() if k.startswith("agent_") and k not in own}
 
     @classmethod
@@ -430,7 +500,7 @@ class Identity(Part):
     budget_usd: float | None = written(check=DOLLARS, junit=False)
     hints: bool | None = written(when=SET, junit=False)
     agent: str | None = written(when=SET)
-    absent: frozenset[str] = _absent()
+    exceptions: frozenset[str] = _exceptions()
 
     @property
     def is_solution(self) -> bool:
@@ -484,7 +554,7 @@ class Attempt(Part):
         "null or two finite numbers", lambda v: v is None or (
             isinstance(v, list) and len(v) == 2 and all(_number(x) for x in v))))
     timing_trust: str | None = written(when=SET)
-    host_load: HostLoad | None = written(when=SET, part=HostLoad)
+    host_load: MachineLoad | None = written(when=SET, part=MachineLoad)
     timing_rounds: int | None = written(when=SET)
     timing_stopped: str | None = written(when=SET)
     untimed_phases_us: dict[str, Any] | None = written(when=SET, junit=False)
@@ -499,7 +569,7 @@ class Attempt(Part):
     # never written
     reply_text: str = field(default="", repr=False, compare=False)
     imprecise: bool = field(default=True, repr=False, compare=False)
-    absent: frozenset[str] = _absent()
+    exceptions: frozenset[str] = _exceptions()
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -549,7 +619,7 @@ class ResultLine(Part, Mapping):
     run_label: str | None = written(when=SET, junit=False)
     worlds: tuple[int, ...] | None = written(when=SET, junit=False)
     extra: dict[str, Any] = field(default_factory=dict, repr=False)
-    absent: frozenset[str] = _absent()
+    exceptions: frozenset[str] = _exceptions()
 
     # -- the serializer --------------------------------------------------------------------
     @classmethod
@@ -569,11 +639,6 @@ class ResultLine(Part, Mapping):
         if why is not None:
             raise RecordError(why)
         return cls.from_json(data)
-
-    @classmethod
-    def of(cls, value: ResultLine | Mapping[str, Any]) -> ResultLine:
-        """A typed line from a line or its JSON (a report given dicts reads them so)."""
-        return value if isinstance(value, ResultLine) else cls.from_json(value)
 
     @classmethod
     def started_line(cls, item: Identity, when: str) -> ResultLine:
@@ -655,10 +720,15 @@ def problem(entry: Any) -> str | None:
         return "no 'nodeid' (the item it is about)"
     if event == RESULT and "verdict" not in entry:
         return "a result without a 'verdict'"
-    for key, what, ok in ResultLine.checks():
+    for key, what, ok in _line_checks():
         if key in entry and not ok(entry[key]):
             return f"{key!r} is {str(entry[key])[:60]!r}, not {what}"
     return None
+
+
+@cache
+def _line_checks() -> tuple[tuple[str, str, Callable[[Any], bool]], ...]:
+    return tuple(ResultLine.checks())
 
 
 def looks_like_line(entry: Any) -> bool:

@@ -3,8 +3,9 @@ the `commbench report` command share it."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import replace
+from typing import Any
 
 from tabulate import tabulate
 
@@ -180,11 +181,13 @@ def _as_first(r: ResultLine) -> ResultLine:
     return replace(r, attempt=replace(r.result, verdict=verdict, speedup=speedup))
 
 
-def bandwidths(size: Size, role: str = "sol") -> tuple[float | None, float | None]:
+def bandwidths(size: Size | Mapping[str, Any], role: str = "sol"
+               ) -> tuple[float | None, float | None]:
     """(algbw, busbw) in GB/s of one size's `role` ("sol" or "ref"), as nccl-tests prints
     them: algbw the bytes over the time; busbw the task's metric where its manifest names
     busbw (algbw times the collective's factor), else None. Both None for a task whose
     metric is a time."""
+    size = Size.of(size)
     seconds = (size.time_us(role) or 0) * 1e-6
     if size.unit != "GB/s" or seconds <= 0 or not size.bytes:
         return None, None

@@ -139,19 +139,17 @@ def per_task(records: Records) -> list[ResultLine]:
         failing = [r for r in applicable if r.verdict != Verdict.PASS]
         a = first.result
         worlds = tuple(sorted(r.item.world for r in items if r.item.world is not None))
-        usage = replace(a.usage, cost=sum(r.result.usage.dollars for r in items),
-                        absent=a.usage.absent - {"cost"})
+        usage = a.usage.evolve(cost=sum(r.result.usage.dollars for r in items))
         if not applicable:
             out.append(replace(first, worlds=worlds, attempt=replace(a, usage=usage)))
             continue
         if failing:
-            a = replace(a, verdict=failing[0].verdict, message=failing[0].result.message,
-                        speedup=None, absent=a.absent - {"verdict", "message", "speedup"})
+            a = a.evolve(verdict=failing[0].verdict, message=failing[0].result.message,
+                         speedup=None)
         else:
             trusts = [r.result.timing_trust for r in applicable if r.result.timing_trust]
-            a = replace(a, verdict=Verdict.PASS.value,
-                        speedup=geomean(r.result.speedup for r in applicable),
-                        absent=a.absent - {"verdict", "speedup"})
+            a = a.evolve(verdict=Verdict.PASS.value,
+                         speedup=geomean(r.result.speedup for r in applicable))
             if trusts:
                 a = replace(a, timing_trust=max(trusts, key=lambda t: TRUST_ORDER.index(t)
                                                 if t in TRUST_ORDER else len(TRUST_ORDER)))

@@ -17,6 +17,7 @@ from pytest_commbench.engine.measure import figures, measure, trust
 from pytest_commbench.engine.refinement import feedback
 from pytest_commbench.engine.result import Usage, first_pass
 from pytest_commbench.observer import Timing
+from pytest_commbench.record import MachineLoad
 from pytest_commbench.verdicts import Rejected, Verdict
 
 CASES = ("c0", "c1")
@@ -210,7 +211,7 @@ def test_figures_and_trust_of_a_measured_item(tmp_path):
     ci90, level = trust(sizes, value, got, shared=False)
     assert level == "ok" and ci90[0] <= value <= ci90[1]
     assert trust(sizes, value, got, shared=True)[1] == "shared"
-    got.host_load = {"contended": True}
+    got.host_load = MachineLoad(contended=True)
     assert trust(sizes, value, got, shared=False)[1] == "contended"
 
 

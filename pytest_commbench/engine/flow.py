@@ -14,7 +14,7 @@ from .. import build, checks, regions, sandbox
 from ..checks.base import make_late
 from ..models.base import Candidate, Reply
 from ..platforms.base import Platform
-from ..record import Usage
+from ..record import Usage, request_limit, request_price
 from ..settings import Settings
 from ..tasks import Task
 from ..verdicts import Rejected, Verdict
@@ -65,15 +65,14 @@ def _run(task: Task, world: int, candidate: Candidate, platform: Platform, setti
     reply = _produce(candidate)
     # the request behind the answer (endpoint, settings, usage, its cost and price source),
     # and whether the answer was kept from before, not asked
-    price = (reply.request or {}).get("price")
     result.usage = Usage(tokens_in=reply.tokens_in, tokens_out=reply.tokens_out, cost=reply.cost,
                          requests=(reply.request,) if reply.request else (),
-                         replayed=reply.replayed, price_source=price or None)
+                         replayed=reply.replayed, price_source=request_price(reply.request))
     result.rounds, result.reply_text = reply.rounds, reply.text or ""
     if reply.infra_error:
         raise InfraError(f"the model source failed: {reply.infra_error}")
     if reply.truncated:  # the model's failure, judged as it is: neither built nor run
-        limit = (reply.request or {}).get("max_tokens") or reply.tokens_out
+        limit = request_limit(reply.request) or reply.tokens_out
         raise Rejected(Verdict.TRUNCATED,
                        f"the reply was cut at the output limit ({limit} tokens): raise "
                        "--commbench-max-tokens or the model's max_tokens")

@@ -19,7 +19,7 @@ import numpy as np
 
 from .. import observer
 from ..rank.protocol import NATIVE_LANGUAGES
-from ..record import Size
+from ..record import MachineLoad, Size
 from ..timing import (
     HostLoad,
     interval90,
@@ -49,7 +49,7 @@ class Measurement:
     speedup_se: float | None = None  # the standard error of the speedup's log
     compared: bool = False  # some case has times of both sides (speedup_se is theirs)
     imprecise: bool = True  # the precision asked for was not reached
-    host_load: dict[str, Any] | None = None
+    host_load: MachineLoad | None = None
     # per case and role, the medians of the untimed phases (GPU: upload, fetch), microseconds
     untimed_phases_us: dict[str, Any] = field(default_factory=dict)
     # per job of a timed item, in the order they ran: its (start, cases, end) seconds
@@ -161,7 +161,7 @@ def measure(plan: Plan, artifacts: dict[str, Path], run_job: JobRunner,
             return False
         if settings.timing_contended != "stop":
             return True
-        if load.stop(plan.world)["contended"]:
+        if MachineLoad.from_json(load.stop(plan.world)).contended:
             result.stopped = "contended"
             return False
         return True
@@ -199,7 +199,7 @@ def measure(plan: Plan, artifacts: dict[str, Path], run_job: JobRunner,
         result.rounds = rnd
         result.compared, result.speedup_se, result.imprecise = uncertainty(times, plan)
         # every rank keeps a CPU busy (MPI progress, a spinning device synchronize)
-        result.host_load = load.stop(plan.world)
+        result.host_load = MachineLoad.from_json(load.stop(plan.world))
     return result
 
 
@@ -240,7 +240,7 @@ def trust(sizes: list[Size], value: float | None,
     inside one band."""
     jobs = min((min(len(s.jobs_sol_us), len(s.jobs_ref_us)) for s in sizes), default=0)
     ci90 = interval90(value, measured.speedup_se, jobs)
-    load = measured.host_load or {}
-    level = ("shared" if shared else "contended" if load.get("contended") else
+    load = measured.host_load
+    level = ("shared" if shared else "contended" if load is not None and load.contended else
              "noisy" if measured.imprecise else "ok")
     return ci90, level

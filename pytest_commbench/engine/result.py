@@ -37,7 +37,7 @@ class Usage:
         self.tokens_in += tokens_in
         self.tokens_out += tokens_out
         self.cost += cost or 0.0
-        self.spent += (sum(float(q.get("cost") or 0.0) for q in requests) if requests
+        self.spent += (sum(record.request_cost(q) for q in requests) if requests
                        else cost or 0.0)
         self.requests += requests
         self.replayed = self.replayed or replayed
