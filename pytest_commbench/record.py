@@ -11,12 +11,13 @@ Every part is a frozen dataclass whose fields say how they are written (`written
 - `("with", name)`: written where the field `name` is not None (a refinement's first passing
   round goes with its history, null where no round passed).
 
-A line is read tolerantly, as lines of any version are: a field it lacks keeps its default, and
-a field it has or lacks unlike its rule (an older line without a field always written now, or
-with null where a field is written only where set) is remembered in `exceptions`, so that the
-line is written back as it was read; a field this version does not know is kept in `extra`
-(of the line, of a size, of a round) and written back as it is. `problem` says why a parsed line is no record a report or a resume can use (the checks are
-declared with the fields); `ResultLine.read` refuses such a line (`RecordError`).
+A line is read tolerantly, as lines of any version are: a field it lacks keeps its default,
+and a field it has or lacks unlike its rule (an older line without a field always written
+now, or with null where a field is written only where set) is remembered in `exceptions`, so
+that the line is written back as it was read; a field this version does not know is kept in
+`extra` (of the line, of a size, of a round) and written back as it is. `problem` says why a
+parsed line is no record a report or a resume can use (the checks are declared with the
+fields); `ResultLine.read` refuses such a line (`RecordError`).
 
 Every string of a line is capped (`cap`): a solution controls its exception messages and its
 output, and a 50 MB message must not make a 100 MB line (or a 100 MB JUnit property).

@@ -100,7 +100,8 @@ def _with(part, name, value):
 
 def size(draw: Draw, index: int, whole: bool = False) -> Size:
     values = dict(
-        count=index + 1 + 10 * draw.whole(),  # a task's sizes differ dtype=draw.rng.choice(["float32", "bfloat16", "int8"]),
+        count=index + 1 + 10 * draw.whole(),  # a task's sizes differ
+        dtype=draw.rng.choice(["float32", "bfloat16", "int8"]),
         bytes=draw.whole(1), t_sol_us=draw.number(), t_ref_us=draw.number(),
         spread_sol=draw.number(0, 1), spread_ref=draw.number(0, 1), n=draw.whole(1),
         metric=draw.rng.choice(["busbw", "algbw", "latency"]),
