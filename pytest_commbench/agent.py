@@ -31,13 +31,15 @@ from __future__ import annotations
 import fcntl
 import json
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from .engine import ItemResult, Usage, evaluate, feedback, first_pass
 from .models.base import Candidate, Reply
-from .scoring import BANDS, record_band
+from .record import AgentSummary, Attempt, Round
+from .scoring import BANDS, band
 from .tasks import Task, load_suite
 from .verdicts import Verdict
 
@@ -159,21 +161,29 @@ Answer again, in the same form, with the fix.
 """
 
 
-def speedup_lines(record: dict[str, Any]) -> str:
-    iv = record.get("speedup_ci90")
-    lines = [f"overall speedup {record.get('speedup') or 0:.3f}"
+def _attempt(value: Attempt | Mapping[str, Any]) -> Attempt:
+    return value if isinstance(value, Attempt) else Attempt.from_json(value)
+
+
+def _band(a: Attempt) -> str:
+    return band(a.speedup, a.speedup_ci90, a.timing_trust)
+
+
+def speedup_lines(result: Attempt | Mapping[str, Any]) -> str:
+    a = _attempt(result)
+    iv = a.speedup_ci90
+    lines = [f"overall speedup {a.speedup or 0:.3f}"
              + (f" (90% interval [{iv[0]:.3f}, {iv[1]:.3f}])" if iv else "")
-             + f", band {record_band(record) or '-'}, timing trust "
-             f"{record.get('timing_trust') or '-'}"]
-    for s in record.get("sizes", []):
-        if s.get("speedup") is not None:
-            lines.append(f"count {s['count']} ({s['dtype']}, {s.get('bytes', 0):,} bytes): "
-                         f"speedup {s['speedup']:.3f}, {s.get('t_sol_us', 0):.1f} us per call "
-                         f"against {s.get('t_ref_us', 0):.1f} us")
+             + f", band {_band(a) or '-'}, timing trust {a.timing_trust or '-'}"]
+    for s in a.sizes:
+        if s.speedup is not None:
+            lines.append(f"count {s.count} ({s.dtype}, {s.bytes or 0:,} bytes): "
+                         f"speedup {s.speedup:.3f}, {s.t_sol_us or 0:.1f} us per call "
+                         f"against {s.t_ref_us or 0:.1f} us")
     return "\n".join(lines)
 
 
-def optimize_prompt(first: str, task: Task, code: str, best: dict[str, Any],
+def optimize_prompt(first: str, task: Task, code: str, best: Attempt,
                     last: str) -> str:
     tail = f"\n\nYour last proposal was discarded: {last}" if last else ""
     return f"""{first.rstrip()}
@@ -199,22 +209,24 @@ and its measured speedup is higher.
 
 # -- the rule for "faster" -------------------------------------------------------------------------
 
-def faster(new: dict[str, Any], best: dict[str, Any]) -> tuple[bool, str]:
+def faster(new: Attempt | Mapping[str, Any], best: Attempt | Mapping[str, Any]
+           ) -> tuple[bool, str]:
     """Is a passing proposal measurably faster than the best so far? Only where the timing
     says so: its speedup's 90% interval lies wholly above the best's speedup, or its band (a
     band is only named where the interval lies inside it and the timing was not contended)
     is a better one than the best's named band. An untimed pass (check only) is never
     faster. Returns the decision and why."""
-    if new.get("verdict") != Verdict.PASS:
-        return False, f"it failed ({new.get('verdict')}: {str(new.get('message', ''))[:300]})"
-    s_new, s_best = new.get("speedup"), best.get("speedup")
+    new, best = _attempt(new), _attempt(best)
+    if not new.passed:
+        return False, f"it failed ({new.verdict}: {str(new.message)[:300]})"
+    s_new, s_best = new.speedup, best.speedup
     if s_new is None or s_best is None:
         return False, "it passed, but without timing nothing shows it faster"
-    iv = new.get("speedup_ci90")
+    iv = new.speedup_ci90
     if iv and iv[0] > s_best:
         return True, (f"speedup {s_new:.3f}, its 90% interval [{iv[0]:.3f}, {iv[1]:.3f}] above "
                       f"the best's {s_best:.3f}")
-    b_new, b_best = record_band(new), record_band(best)
+    b_new, b_best = _band(new), _band(best)
     if b_new in BAND_RANK and b_best in BAND_RANK and BAND_RANK[b_new] > BAND_RANK[b_best]:
         return True, f"band {b_new} above the best's {b_best}"
     where = f"[{iv[0]:.3f}, {iv[1]:.3f}]" if iv else "no interval"
@@ -222,11 +234,12 @@ def faster(new: dict[str, Any], best: dict[str, Any]) -> tuple[bool, str]:
                    f"best's {s_best:.3f} (band {b_new or '-'} against {b_best or '-'})")
 
 
-def signature(record: dict[str, Any]) -> str:
+def signature(result: Attempt | Mapping[str, Any]) -> str:
     """An error's identity for the debugging trap: the verdict and its message without the
     numbers (addresses, counts and times change from run to run)."""
-    message = re.sub(r"0x[0-9a-f]+|\d+(\.\d+)?", "#", str(record.get("message", "")).lower())
-    return f"{record.get('verdict')}: {message[:200]}"
+    a = _attempt(result)
+    message = re.sub(r"0x[0-9a-f]+|\d+(\.\d+)?", "#", str(a.message).lower())
+    return f"{a.verdict}: {message[:200]}"
 
 
 # -- the loop --------------------------------------------------------------------------------------
@@ -244,12 +257,12 @@ class Run:
 
     first: str  # the generator's first prompt
     steps: list[Step] = field(default_factory=list)
-    history: list[dict[str, Any]] = field(default_factory=list)
+    history: list[Round] = field(default_factory=list)
     calls: dict[str, int] = field(default_factory=lambda: dict.fromkeys(ROLES, 0))
     usage: Usage = field(default_factory=Usage)  # every step's tokens, cost and request
-    best: dict[str, Any] | None = None  # the best passing iteration's record
+    best: Attempt | None = None  # the best passing iteration's result
     best_text: str = ""
-    failed: dict[str, Any] | None = None  # the failing attempt being debugged
+    failed: Attempt | None = None  # the failing attempt being debugged
     failed_text: str = ""
     analysis: str | None = None  # the reflector's analysis of it
     debug: int = 0  # consecutive fix attempts that ended in the error they were to fix
@@ -257,7 +270,7 @@ class Run:
     restarts: int = 0
     kept: int = 0  # optimizations kept
     last_discarded: str = ""
-    last: dict[str, Any] | None = None  # the last evaluated record
+    last: Attempt | None = None  # the last evaluated result
 
 
 class GeakAgent:
@@ -331,7 +344,7 @@ class GeakAgent:
                 step = Step(number, role, root / f"{number:02d}-{role}")
             # the prompt is built only where the step is asked (a kept step's is on disk)
             reply = _ask(conversation, step.folder,
-                         lambda s=step: self._prompt(run, s.role, task, _feedback))
+                         lambda s=step: self._prompt(run, s.role, task, feedback))
             run.calls[step.role] += 1
             run.usage.add(reply.tokens_in, reply.tokens_out, reply.cost,
                           [reply.request] if reply.request else [])
@@ -346,15 +359,15 @@ class GeakAgent:
             attempt = Candidate(candidate.id, candidate.kind, lambda r=reply: Reply(
                 r.text, truncated=r.truncated, replayed=r.replayed, request=r.request))
             result = evaluate(task, world, attempt, platform, settings)
-            text, record = result.reply_text, result.as_record()
-            entry = self._judge(run, step, record, text, iteration)
+            entry = self._judge(run, step, result, result.reply_text, iteration)
+            ci90 = result.speedup_ci90
             _write_json(step.folder / f"verdict-np{world}.json",
-                        {**entry, "message": str(record.get("message", ""))[:2000],
+                        {**entry.to_json(), "message": str(result.message)[:2000],
                          "tokens_in": reply.tokens_in, "tokens_out": reply.tokens_out,
-                         "cost": reply.cost, "speedup_ci90": record.get("speedup_ci90"),
-                         "sizes": [{k: s.get(k) for k in ("count", "dtype", "speedup")}
-                                   for s in record.get("sizes", [])]})
-            if record["verdict"] == Verdict.INFRA_ERROR:
+                         "cost": reply.cost, "speedup_ci90": None if ci90 is None else list(ci90),
+                         "sizes": [{"count": s.count, "dtype": s.dtype, "speedup": s.speedup}
+                                   for s in result.sizes]})
+            if result.verdict == Verdict.INFRA_ERROR:
                 stop = "infra_error"  # the harness or the reference failed: asking won't help
         if done is None and stop != "infra_error":  # a stop reason, not a verdict
             _write_json(done_file, {"stop": stop, "steps": number - (stop != "rounds"),
@@ -366,7 +379,7 @@ class GeakAgent:
             if run.failed is None or run.fresh or run.analysis is not None:
                 return "generate"
             return "reflect"
-        if settings.check_only or run.best.get("speedup") is None:
+        if settings.check_only or run.best.speedup is None:
             return None
         return "optimize"
 
@@ -381,33 +394,31 @@ class GeakAgent:
         return generate_prompt(run.first, task, run.failed_text, feedback(run.failed),
                                run.analysis or "")
 
-    def _judge(self, run: Run, step: Step, record: dict[str, Any], text: str,
-               iteration: int) -> dict[str, Any]:
+    def _judge(self, run: Run, step: Step, result: Attempt, text: str,
+               iteration: int) -> Round:
         """Take an evaluated iteration into the run's state; its history entry."""
-        entry: dict[str, Any] = {"round": iteration, "step": step.number, "role": step.role,
-                                 "verdict": record["verdict"], "speedup": record.get("speedup"),
-                                 "message": str(record.get("message", ""))[:300]}
-        run.last = record
-        passed = record["verdict"] == Verdict.PASS
+        entry = Round(round=iteration, step=step.number, role=step.role, verdict=result.verdict,
+                      speedup=result.speedup, message=str(result.message)[:300])
+        run.last = result
         if run.best is None:
             fixing = run.failed is not None and not run.fresh
             run.fresh = False
-            if passed:
-                run.best, run.best_text, run.failed, run.analysis = record, text, None, None
-                entry["kept"] = True
+            if result.passed:
+                run.best, run.best_text, run.failed, run.analysis = result, text, None, None
+                entry = replace(entry, kept=True)
             else:
-                same = fixing and signature(record) == signature(run.failed)
+                same = fixing and signature(result) == signature(run.failed)
                 run.debug = run.debug + 1 if same else 0
-                run.failed, run.failed_text, run.analysis = record, text, None
+                run.failed, run.failed_text, run.analysis = result, text, None
                 if run.debug >= self.max_debug:  # the debugging trap: start afresh
                     run.fresh, run.debug = True, 0
                     run.restarts += 1
-                    entry["restart"] = True
+                    entry = replace(entry, restart=True)
         else:  # an optimizer's proposal (or a kept step of another role, judged alike)
-            better, why = faster(record, run.best)
-            entry.update(kept=better, why=why)
+            better, why = faster(result, run.best)
+            entry = replace(entry, kept=better, why=why)
             if better:
-                run.best, run.best_text, run.last_discarded = record, text, ""
+                run.best, run.best_text, run.last_discarded = result, text, ""
                 run.kept += 1
             else:
                 run.last_discarded = why
@@ -422,33 +433,30 @@ class GeakAgent:
         import time
 
         first = run.history[0] if run.history else None
-        agent = {
-            "agent": self.label, "agent_calls": dict(run.calls),
-            "agent_restarts": run.restarts, "agent_kept": run.kept, "agent_stop": stop,
-            "agent_first": None if first is None else {"verdict": first["verdict"],
-                                                       "speedup": first["speedup"]},
-            "agent_knowledge": added["knowledge"], "agent_retrieved": added["retrieved"],
-            "agent_steps": [f"{s.number:02d}-{s.role}" for s in run.steps],
-        }
-        if run.best is not None:
-            agent["agent_iteration"] = next(h["round"] for h in reversed(run.history)
-                                            if h.get("kept"))
-        return replace(base, **run.usage.parts(), rounds=len(run.history),
-                       round_history=run.history, round=first_pass(run.history), agent=agent,
-                       duration_s=round(time.time() - started, 3))
+        agent = AgentSummary(
+            label=self.label, calls=dict(run.calls), restarts=run.restarts, kept=run.kept,
+            stop=stop,
+            first=None if first is None else Round(verdict=first.verdict, speedup=first.speedup),
+            knowledge=tuple(added["knowledge"]), retrieved=added["retrieved"],
+            steps=tuple(f"{s.number:02d}-{s.role}" for s in run.steps),
+            iteration=(next(h.round for h in reversed(run.history) if h.kept)
+                       if run.best is not None else None))
+        return replace(base, usage=run.usage.value(base.usage), rounds=len(run.history),
+                       round_history=tuple(run.history), round=first_pass(run.history),
+                       agent=agent, duration_s=round(time.time() - started, 3))
 
     def _final(self, run: Run, stop: str | None, started: float,
                added: dict[str, Any]) -> ItemResult:
         kept = run.best or run.last
-        base = (ItemResult.from_record(kept) if kept is not None else
-                ItemResult(Verdict.NO_SOLUTION.value, "the agent evaluated nothing"))
+        base = kept if kept is not None else ItemResult(Verdict.NO_SOLUTION.value,
+                                                        "the agent evaluated nothing")
         return self._result(run, base, stop, started, added)
 
     def _outage(self, run: Run, error: str, step: Step, started: float,
                 added: dict[str, Any]) -> ItemResult:
         reached = ("" if run.best is None else
                    f"; best so far: a pass at iteration "
-                   f"{next(h['round'] for h in reversed(run.history) if h.get('kept'))}")
+                   f"{next(h.round for h in reversed(run.history) if h.kept)}")
         base = ItemResult(Verdict.INFRA_ERROR.value,
                           f"the model source failed at agent step {step.number} "
                           f"({step.role}): {error}{reached}; the steps before it are kept "
@@ -476,11 +484,6 @@ def _write_json(path: Path, data: dict[str, Any]) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(json.dumps(data, indent=1, default=str) + "\n")
     tmp.replace(path)
-
-
-def _feedback(record: dict[str, Any]) -> str:
-    """The feedback of an evaluated iteration kept as its record."""
-    return feedback(ItemResult.from_record(record))
 
 
 def kept_steps(root: Path) -> dict[int, Step]:

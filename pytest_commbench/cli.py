@@ -17,11 +17,13 @@ import argparse
 import os
 import sys
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 
 from tabulate import tabulate
 
 from . import evaluate_cli, runs, shards
+from .record import Identity, ResultLine
 from .report import render
 from .results import load, merge
 from .tasks import load_suite
@@ -54,10 +56,10 @@ def _run_wanted(run: runs.Run, args: argparse.Namespace) -> bool:
         (not args.run_label or run.label in args.run_label)
 
 
-def _wanted(record: dict, args: argparse.Namespace) -> bool:
+def _wanted(record: ResultLine, args: argparse.Namespace) -> bool:
     """Whether a record is of the models and run labels the report was asked for."""
-    return (not args.model or str(record.get("model")) in args.model) and \
-        (not args.run_label or record.get("run_label") in args.run_label)
+    return (not args.model or str(record.item.model) in args.model) and \
+        (not args.run_label or record.run_label in args.run_label)
 
 
 def _wanted_text(args: argparse.Namespace) -> str:
@@ -116,7 +118,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     from . import leaderboard
     from .models.registry import RegistryError
 
-    records: list[dict] = []
+    records: list[ResultLine] = []
     reply_roots: dict[str, Path] = {}
     labels = args.label or []
     if labels and not args.compare and len(labels) != len(args.paths):
@@ -124,7 +126,7 @@ def cmd_report(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return 2
     parts: list[shards.Part] = []  # the runs that are shards (--commbench-shard)
-    by_folder: dict[Path, list[dict]] = {}
+    by_folder: dict[Path, list[ResultLine]] = {}
     for index, raw in enumerate(args.paths):
         logs = _report_logs(Path(raw), args)
         if not logs:
@@ -143,12 +145,13 @@ def cmd_report(args: argparse.Namespace) -> int:
                 by_folder[log.parent] = loaded
             # a log in a runs folder (<runs>/<run>/results.jsonl): its replies beside it
             for r in loaded:
-                reply_roots.setdefault(str(r.get("run")), log.parent.parent / "replies")
+                reply_roots.setdefault(str(r.item.run), log.parent.parent / "replies")
                 if labels and not args.compare:  # the run's entries are named by its label
-                    r["run_label"] = labels[index]
+                    r = replace(r, run_label=labels[index])
                 elif kept:
-                    r["run_label"] = kept
-            records += [r for r in loaded if _wanted(r, args)]
+                    r = replace(r, run_label=kept)
+                if _wanted(r, args):
+                    records.append(r)
     if args.compare:
         return _compare(args)
     merged = shards.merge(parts)  # the shards of a run: one run, never overlapping
@@ -157,9 +160,11 @@ def cmd_report(args: argparse.Namespace) -> int:
         return 2
     for note in merged.notes:
         print(f"commbench report: {note}", file=sys.stderr)
-    for folder, text in merged.partial.items():
-        for r in by_folder.get(folder, []):
-            r[shards.PARTIAL_KEY] = text
+    # a run of shards, some of them missing: its lines say so (the summary's headline)
+    partial = {str(r.item.run): text for folder, text in merged.partial.items()
+               for r in by_folder.get(folder, [])}
+    records = [replace(r, extra={**r.extra, shards.PARTIAL_KEY: partial[str(r.item.run)]})
+               if str(r.item.run) in partial else r for r in records]
     if (args.model or args.run_label) and not records:
         print(f"commbench report: no run of {_wanted_text(args)} in {' '.join(args.paths)}",
               file=sys.stderr)
@@ -211,12 +216,12 @@ def cmd_report(args: argparse.Namespace) -> int:
         tasks, errors = load_suite(Path(args.suites))
         for error in errors:
             print(f"commbench report: {error}", file=sys.stderr)
-        suite = [{"task": t.relpath, "category": t.category, "library": t.library,
-                  "difficulty": t.difficulty, "setup": t.setup, "platforms": t.platforms}
+        suite = [(Identity.partial(task=t.relpath, category=t.category, library=t.library,
+                                   difficulty=t.difficulty, setup=t.setup), tuple(t.platforms))
                  for t in tasks]
 
-    def replies_of(r: dict) -> Path | None:  # where a record's kept replies are
-        return given or reply_roots.get(str(r.get("run")))
+    def replies_of(r: ResultLine) -> Path | None:  # where a record's kept replies are
+        return given or reply_roots.get(str(r.item.run))
 
     for label, fp, group in groups:
         if len(groups) > 1:
@@ -319,24 +324,24 @@ def _compare_status(cmp, threshold: float | None, a: str, b: str) -> int:
     return 1 if failed else 0
 
 
-def comparisons(records: list[dict], pairs: list[str]) -> list[str]:
+def comparisons(records: list[ResultLine], pairs: list[str]) -> list[str]:
     """Lines of a table: for each `TASK:BASELINE` pair, per size both tasks have, the two
     medians and how TASK's performance compares with the baseline's (t_baseline / t_task: the
     bytes are the same, so for a bandwidth this is the ratio of bandwidths)."""
-    by_task = {r["task"]: r for r in records if r.get("sizes")}
+    by_task = {r.item.task: r for r in records if r.result.sizes}
     rows = []
     for pair in pairs:
         task, _, base = pair.partition(":")
         if task not in by_task or base not in by_task:
             rows.append([task, base, "-", "-", "-", "-", "not both in this run"])
             continue
-        base_sizes = {(s["count"], s["dtype"]): s for s in by_task[base]["sizes"]}
-        for s in by_task[task]["sizes"]:
-            b = base_sizes.get((s["count"], s["dtype"]))
+        base_sizes = {(s.count, s.dtype): s for s in by_task[base].result.sizes}
+        for s in by_task[task].result.sizes:
+            b = base_sizes.get((s.count, s.dtype))
             if b is None:
                 continue
-            rows.append([task, base, s["count"], f"{s['bytes']:,}", f"{s['t_sol_us']:.1f}",
-                         f"{b['t_sol_us']:.1f}", f"{100 * b['t_sol_us'] / s['t_sol_us']:.1f}%"])
+            rows.append([task, base, s.count, f"{s.bytes:,}", f"{s.t_sol_us:.1f}",
+                         f"{b.t_sol_us:.1f}", f"{100 * b.t_sol_us / s.t_sol_us:.1f}%"])
     if not rows:
         return []
     return ["Against the baselines (medians of the solution-role jobs of this run; "
@@ -346,13 +351,13 @@ def comparisons(records: list[dict], pairs: list[str]) -> list[str]:
                      tablefmt="github"), ""]
 
 
-def markdown_section(records: list[dict], title: str, command: str,
+def markdown_section(records: list[ResultLine], title: str, command: str,
                      compare: list[str] = ()) -> str:
     """A BENCHMARKS.md section: what, where, the command, and the numbers from the log."""
-    fp = next((r.get("fingerprint") for r in records if r.get("fingerprint")), {}) or {}
+    fp = next((r.fingerprint for r in records if r.fingerprint), {}) or {}
     lines = [f"## {title}", ""]
     lines.append("Hardware and software: " + ", ".join(f"{k} {v}" for k, v in sorted(fp.items())))
-    runs = {r["run"]: r.get("seed") for r in records if r.get("run")}
+    runs = {r.item.run: r.seed for r in records if r.item.run}
     lines += ["; ".join(f"Run {run}, seed {seed}" for run, seed in sorted(runs.items())) + ".",
               "", "Command:", "", "```", command, "```", ""]
     out: list[str] = []
@@ -362,17 +367,17 @@ def markdown_section(records: list[dict], title: str, command: str,
     lines += ["```", *body, "```", ""]
     lines += comparisons(records, list(compare))
     sizes = []
-    for r in sorted(records, key=lambda r: r["nodeid"]):
-        for s in r.get("sizes", []):
+    for r in sorted(records, key=lambda r: r.item.nodeid):
+        for s in r.result.sizes:
             jobs = ""
-            if s.get("jobs_ref_us"):
-                jobs = (" ".join(f"{x:.4g}" for x in s["jobs_ref_us"]) + " / "
-                        + " ".join(f"{x:.4g}" for x in s["jobs_sol_us"]))
-            sizes.append([r["task"], r.get("world"), s["count"], s["dtype"], s.get("batch", 1),
-                          f"{s['t_ref_us']:.1f}", f"{s['t_sol_us']:.1f}",
-                          f"{100 * s['spread_ref']:.0f}%", f"{100 * s['spread_sol']:.0f}%",
-                          "-" if s.get("value_sol") is None else f"{s['value_sol']:.3g} {s['unit']}",
-                          f"{s['speedup']:.3f}", jobs])
+            if s.jobs_ref_us:
+                jobs = (" ".join(f"{x:.4g}" for x in s.jobs_ref_us) + " / "
+                        + " ".join(f"{x:.4g}" for x in s.jobs_sol_us))
+            sizes.append([r.item.task, r.item.world, s.count, s.dtype, s.batch,
+                          f"{s.t_ref_us:.1f}", f"{s.t_sol_us:.1f}",
+                          f"{100 * s.spread_ref:.0f}%", f"{100 * s.spread_sol:.0f}%",
+                          "-" if s.value_sol is None else f"{s.value_sol:.3g} {s.unit}",
+                          f"{s.speedup:.3f}", jobs])
     if sizes:
         lines += ["Per size (calls per timed batch, median times per call over all timed "
                   "repetitions, spread = IQR / median, then each job's median in the order the "
@@ -626,8 +631,8 @@ def _fingerprint_of(path: Path) -> dict:
         data = None
     if isinstance(data, dict):
         return data["fingerprint"] if isinstance(data.get("fingerprint"), dict) else data
-    found = next((e["fingerprint"] for e in entries(path)
-                  if isinstance(e.get("fingerprint"), dict)), None)
+    found = next((e.fingerprint for e in entries(path) if isinstance(e.fingerprint, dict)),
+                 None)
     if found is None:
         raise ValueError("no fingerprint in it (a JSON object, or a results log with one)")
     return found

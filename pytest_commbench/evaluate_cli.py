@@ -102,21 +102,21 @@ def _platform(name: str):
 def result_json(task, world: int, platform_name: str, path: Path, seed: int, built: int,
                 result) -> dict[str, Any]:
     """The JSON result of one evaluated answer."""
-    record = result.as_record()
-    compiled = built > 0 or (record["verdict"] not in UNBUILT
-                             and record["verdict"] != Verdict.INFRA_ERROR)
-    from .scoring import record_band
+    from .scoring import band
 
+    compiled = built > 0 or (result.verdict not in UNBUILT
+                             and result.verdict != Verdict.INFRA_ERROR)
     return {
         "task": task.relpath, "world": world, "platform": platform_name, "file": str(path),
-        "seed": seed, "compiled": compiled, "verdict": record["verdict"],
-        "message": record.get("message", ""), "check_only": bool(record.get("check_only")),
-        "speedup": record.get("speedup"), "speedup_ci90": record.get("speedup_ci90"),
-        "timing_trust": record.get("timing_trust"),
-        "band": record_band(record) or None,
-        "sizes": [{k: s.get(k) for k in SIZE_KEYS} for s in record.get("sizes", [])],
-        "detail": str(record.get("detail", ""))[-2000:],
-        "duration_s": record.get("duration_s"),
+        "seed": seed, "compiled": compiled, "verdict": result.verdict,
+        "message": result.message, "check_only": bool(result.check_only),
+        "speedup": result.speedup,
+        "speedup_ci90": None if result.speedup_ci90 is None else list(result.speedup_ci90),
+        "timing_trust": result.timing_trust,
+        "band": band(result.speedup, result.speedup_ci90, result.timing_trust) or None,
+        "sizes": [{k: getattr(s, k) for k in SIZE_KEYS} for s in result.sizes],
+        "detail": str(result.detail)[-2000:],
+        "duration_s": result.duration_s,
     }
 
 

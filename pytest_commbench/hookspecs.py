@@ -22,12 +22,13 @@ def pytest_commbench_make_platform(config, name):
 def pytest_commbench_make_agent(config, name):
     """Return an agent object for `--commbench-agent=name` (an object with `name`, `label`
     and `run(task, world, candidate, platform, settings)` returning the item's
-    `engine.ItemResult`, as `engine.refine` does: the evaluation of the answer it keeps, with
-    its usage over every step, `round_history`/`round` and its own summary in `agent` (keys
-    "agent" and "agent_*", written into the result line as they are)), or None if the name
-    is not yours. An agent evaluates each answer with `engine.evaluate(task, world,
-    candidate, platform, settings)`. The built-in `geak` answers last. (A result record, the
-    dict of `ItemResult.as_record()`, is still taken.)"""
+    `engine.ItemResult` (the record layer's `record.Attempt`), as `engine.refine` does: the
+    evaluation of the answer it keeps, with its usage over every step, `round_history`/`round`
+    and its own summary in `agent` (a `record.AgentSummary`, or a dict of keys "agent" and
+    "agent_*", written into the result line as they are)), or None if the name is not
+    yours. An agent evaluates each answer with `engine.evaluate(task, world, candidate,
+    platform, settings)`. The built-in `geak` answers last. (The attempt's JSON, a dict of
+    `ItemResult.to_json()`, is still taken.)"""
 
 
 @hookspec
@@ -37,4 +38,6 @@ def pytest_commbench_model_names(config):
 
 @hookspec
 def pytest_commbench_result(config, record):
-    """Called with every finished result record, after it is on disk."""
+    """Called with every finished result, after it is on disk: `record` is the typed line
+    (`record.ResultLine`), also a read-only mapping of the line's JSON (`record["verdict"]`)
+    for implementations written against the dict; `record.to_json()` is the dict."""

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import html
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -31,8 +31,9 @@ from .leaderboard import (
     leaderboard_rows,
 )
 from .models.conversation import sample_folder
+from .record import ResultLine, Size
 from .report import _num, _pct, bandwidths, model_colours, money
-from .scoring import FAST_P, cost_known, outcomes, record_band
+from .scoring import FAST_P, outcomes, record_band
 
 STYLE = """
 body { font: 14px/1.45 system-ui, sans-serif; margin: 1.5em auto; max-width: 78em;
@@ -104,59 +105,55 @@ def _pygments_css() -> str:
     return HtmlFormatter(style="default").get_style_defs(".highlight")
 
 
-def _cell_class(r: dict | None) -> str:
+def _cell_class(r: ResultLine | None) -> str:
     if r is None:
         return "v-none"
-    verdict = str(r.get("verdict") or "aborted")
-    band = record_band(r).replace(" ", "-") if verdict == "pass" else ""
-    return f"v-{slug(verdict)}" + (f" b-{band}" if band else "")
+    band = record_band(r).replace(" ", "-") if r.passed else ""
+    return f"v-{slug(r.verdict)}" + (f" b-{band}" if band else "")
 
 
-def _short(r: dict | None) -> str:
+def _short(r: ResultLine | None) -> str:
     if r is None:
         return "not run"
-    verdict = str(r.get("verdict") or "aborted")
-    if verdict == "pass" and r.get("speedup") is not None:
-        return f"pass {r['speedup']:.2f}x"
-    return verdict
+    if r.passed and r.result.speedup is not None:
+        return f"pass {r.result.speedup:.2f}x"
+    return r.verdict
 
 
-def _item(r: dict) -> str:
+def _item(r: ResultLine) -> str:
     """An item's row key: its task and world size."""
-    return f"{r.get('task') or r.get('nodeid')} np{r.get('world', '?')}"
+    world = "?" if r.item.world is None else r.item.world
+    return f"{r.item.task or r.item.nodeid} np{world}"
 
 
 # -- the reply ----------------------------------------------------------------------------------
 
-def scored_round(r: dict) -> int:
+def scored_round(r: ResultLine) -> int:
     """The round whose answer a record's verdict and speedup are: as refinement keeps it, the
     fastest passing round (the first of equals), else the last; a record of no history had
     one round. The kept replies may hold later rounds (another run's, with more rounds)."""
-    history = [h for h in r.get("round_history") or [] if isinstance(h.get("round"), int)]
+    history = [h for h in r.result.round_history or () if isinstance(h.round, int)]
     if not history:
         return 1
     best = None
     for h in history:
-        if h.get("verdict") == "pass" and (best is None or (h.get("speedup") or 0)
-                                           > (best.get("speedup") or 0)):
+        if h.passed and (best is None or (h.speedup or 0) > (best.speedup or 0)):
             best = h
-    return int((best or history[-1])["round"])
+    return int((best or history[-1]).round)
 
 
-def reply_path(r: dict, replies: Callable[[dict], Path | None]) -> Path | None:
+def reply_path(r: ResultLine, replies: Callable[[ResultLine], Path | None]) -> Path | None:
     """The kept reply a record was judged on: its scored round's (an agent run's: the step
     it stands by)."""
     root = replies(r)
-    if root is None or not r.get("task"):
+    if root is None or not r.item.task:
         return None
-    cand = str(r.get("candidate") or "")
-    sample = int(cand[1:]) if re.fullmatch(r"s\d+", cand) else 0
-    model = str(r.get("model", "")) + ("+hints" if r.get("hints") else "")
-    folder = sample_folder(root, model, str(r["task"]), sample)
-    if r.get("agent"):
+    model = str(r.item.model or "") + ("+hints" if r.item.hints else "")
+    folder = sample_folder(root, model, str(r.item.task), r.item.sample or 0)
+    if r.item.agent:
         from .agent import standing_answer
 
-        return standing_answer(folder / str(r["agent"]))
+        return standing_answer(folder / str(r.item.agent))
     path = folder / f"r{scored_round(r)}" / "reply.md"
     return path if path.is_file() else None
 
@@ -266,29 +263,29 @@ def _figure(board: Board, colours: dict[str, str]) -> str:
 def _matrix(board: Board) -> str:
     """Items x entries; an entry with several samples of an item shows how many passed. Items
     every entry skipped are left out (counted under the table)."""
-    items: dict[str, dict[str, list[dict]]] = {}
+    items: dict[str, dict[str, list[ResultLine]]] = {}
     for e in board.entries:
         for r in e.solutions:
             items.setdefault(_item(r), {}).setdefault(e.label, []).append(r)
     skipped = [k for k, by in items.items()
-               if all(r.get("verdict") == "skipped" for rs in by.values() for r in rs)]
+               if all(r.verdict == "skipped" for rs in by.values() for r in rs)]
     head = "<tr><th>task</th>" + "".join(
         f'<th><a href="models/{slug(e.label)}.html">{_e(e.label)}</a></th>'
         for e in board.entries) + "</tr>"
     rows = []
     for key in sorted(set(items) - set(skipped)):
         some = next(iter(items[key].values()))[0]
-        task = str(some.get("task") or key)
+        task = str(some.item.task or key)
         cells = [f'<td><a href="tasks/{slug(task)}.html">{_e(key)}</a></td>']
         for e in board.entries:
             rs = items[key].get(e.label) or []
             if len(rs) > 1:
-                passed = [r for r in rs if r.get("verdict") == "pass"]
+                passed = [r for r in rs if r.passed]
                 shown, r = f"{len(passed)}/{len(rs)} pass", (passed or rs)[0]
             else:
                 r = rs[0] if rs else None
                 shown = _short(r)
-            title = _e("; ".join(str(x.get("message") or "") for x in rs if x.get("message")))
+            title = _e("; ".join(x.result.message for x in rs if x.result.message))
             cells.append(f'<td class="{_cell_class(r)}" title="{title[:300]}" '
                          f'data-sort="{_e(shown)}">{_e(shown)}</td>')
         rows.append("<tr>" + "".join(cells) + "</tr>")
@@ -333,9 +330,10 @@ def index_page(board: Board, command: str = "") -> str:
     return _page("CommBench leaderboard", "".join(body))
 
 
-def _sizes_table(sizes: list[dict]) -> str:
+def _sizes_table(sizes: Iterable[Size | Mapping[str, Any]]) -> str:
     """Per size both sides' times and, for a bandwidth metric, their algbw and busbw (as
     nccl-tests prints them; busbw where the task names it), and the speedup."""
+    sizes = [Size.of(s) for s in sizes]
     if not sizes:
         return ""
     bw = any(bandwidths(s)[0] is not None for s in sizes)
@@ -344,47 +342,48 @@ def _sizes_table(sizes: list[dict]) -> str:
             + ("<th>algbw GB/s (ref / sol)</th><th>busbw GB/s (ref / sol)</th>" if bw else "")
             + "<th>speedup</th></tr>")
 
-    def pair(s: dict, which: int) -> str:
+    def pair(s: Size, which: int) -> str:
         ref, sol = bandwidths(s, "ref")[which], bandwidths(s)[which]
         return f'<td class="num">{_num(ref, 2)} / {_num(sol, 2)}</td>'
 
     rows = "".join(
-        f'<tr><td class="num">{_e(s.get("count"))}</td><td>{_e(s.get("dtype"))}</td>'
-        f'<td class="num">{_e(s.get("bytes"))}</td><td class="num">{_num(s.get("t_ref_us"), 2)}</td>'
-        f'<td class="num">{_num(s.get("t_sol_us"), 2)}</td>'
+        f'<tr><td class="num">{_e(s.count)}</td><td>{_e(s.dtype)}</td>'
+        f'<td class="num">{_e(s.bytes)}</td><td class="num">{_num(s.t_ref_us, 2)}</td>'
+        f'<td class="num">{_num(s.t_sol_us, 2)}</td>'
         + (pair(s, 0) + pair(s, 1) if bw else "")
-        + f'<td class="num">{_num(s.get("speedup"))}</td></tr>' for s in sizes)
+        + f'<td class="num">{_num(s.speedup)}</td></tr>' for s in sizes)
     return f'<table class="sizes"><thead>{head}</thead><tbody>{rows}</tbody></table>'
 
 
-def _evidence(r: dict, replies: Callable[[dict], Path | None], board_fp: dict) -> str:
-    verdict = str(r.get("verdict") or "aborted")
-    parts = [f'<p>verdict <span class="{_cell_class(r)}">{_e(verdict)}</span>']
-    if r.get("speedup") is not None:
-        ci = r.get("speedup_ci90") or [None, None]
-        parts.append(f" &middot; speedup {_num(r['speedup'])}{_iv(ci[0], ci[1], False)}")
+def _evidence(r: ResultLine, replies: Callable[[ResultLine], Path | None],
+              board_fp: dict) -> str:
+    a = r.result
+    parts = [f'<p>verdict <span class="{_cell_class(r)}">{_e(r.verdict)}</span>']
+    if a.speedup is not None:
+        ci = a.speedup_ci90 or (None, None)
+        parts.append(f" &middot; speedup {_num(a.speedup)}{_iv(ci[0], ci[1], False)}")
         band = record_band(r)
         if band:
             parts.append(f" &middot; {_e(band)}")
-        if r.get("timing_trust"):
-            parts.append(f" &middot; timing {_e(r['timing_trust'])}")
-    if r.get("rounds") and r.get("round_history"):
-        parts.append(f" &middot; passed in round {_e(r.get('round'))}" if r.get("round")
-                     else f" &middot; {len(r['round_history'])} rounds")
-        if r.get("round") and scored_round(r) != r["round"]:
+        if a.timing_trust:
+            parts.append(f" &middot; timing {_e(a.timing_trust)}")
+    if a.rounds and a.round_history:
+        parts.append(f" &middot; passed in round {_e(a.round)}" if a.round
+                     else f" &middot; {len(a.round_history)} rounds")
+        if a.round and scored_round(r) != a.round:
             parts.append(f" &middot; judged: round {scored_round(r)} (its fastest pass)")
     parts.append("</p>")
-    if r.get("message"):
-        parts.append(f"<p>{_e(r['message'])}</p>")
-    if r.get("detail"):
-        parts.append(f"<details><summary>evidence</summary><pre>{_e(r['detail'])}</pre></details>")
-    if r.get("output"):
-        parts.append(f"<details><summary>output</summary><pre>{_e(r['output'])}</pre></details>")
-    parts.append(_sizes_table(r.get("sizes") or []))
+    if a.message:
+        parts.append(f"<p>{_e(a.message)}</p>")
+    if a.detail:
+        parts.append(f"<details><summary>evidence</summary><pre>{_e(a.detail)}</pre></details>")
+    if a.output:
+        parts.append(f"<details><summary>output</summary><pre>{_e(a.output)}</pre></details>")
+    parts.append(_sizes_table(a.sizes))
     parts.append(_history_table(r))
     parts.append(_asked(r))
-    fp = r.get("fingerprint")
-    parts.append(f'<p class="muted">run {_e(r.get("run"))}, seed {_e(r.get("seed"))}'
+    fp = r.fingerprint
+    parts.append(f'<p class="muted">run {_e(r.item.run)}, seed {_e(r.seed)}'
                  + (f": {_e(fingerprint_line(fp))}" if fp and fp != board_fp else "") + "</p>")
     path = reply_path(r, replies)
     if path is not None:
@@ -394,64 +393,64 @@ def _evidence(r: dict, replies: Callable[[dict], Path | None], board_fp: dict) -
     return "".join(parts)
 
 
-def _history_table(r: dict) -> str:
+def _history_table(r: ResultLine) -> str:
     """Each refinement round (or agent iteration) with its verdict and speedup."""
-    history = r.get("round_history") or []
+    history = r.result.round_history or ()
     if not history:
         return ""
-    agent = bool(r.get("agent"))
+    agent = bool(r.item.agent)
     head = ("<tr><th>" + ("iteration" if agent else "round") + "</th>"
             + ("<th>step</th>" if agent else "") + "<th>verdict</th><th>speedup</th>"
             "<th>message</th></tr>")
     rows = "".join(
-        f'<tr><td class="num">{_e(h.get("round"))}</td>'
-        + (f"<td>{_e(h.get('role'))}</td>" if agent else "")
-        + f'<td class="v-{slug(str(h.get("verdict") or "aborted"))}">{_e(h.get("verdict"))}'
-        f'</td><td class="num">{_num(h.get("speedup"))}</td>'
-        f'<td>{_e(str(h.get("message") or "")[:200])}</td></tr>' for h in history)
+        f'<tr><td class="num">{_e(h.round)}</td>'
+        + (f"<td>{_e(h.role)}</td>" if agent else "")
+        + f'<td class="v-{slug(str(h.verdict or "aborted"))}">{_e(h.verdict)}'
+        f'</td><td class="num">{_num(h.speedup)}</td>'
+        f'<td>{_e(str(h.message or "")[:200])}</td></tr>' for h in history)
     return f'<table class="rounds"><thead>{head}</thead><tbody>{rows}</tbody></table>'
 
 
-def _asked(r: dict) -> str:
+def _asked(r: ResultLine) -> str:
     """What answering cost and where it was asked: tokens, cost (unknown where no price was
     had), when the item ended, and the endpoints its requests went to (a registry name
     pointed at another server shows that server)."""
+    usage = r.result.usage
     facts = []
-    if r.get("tokens_in") or r.get("tokens_out"):
-        facts.append(f"tokens {int(r.get('tokens_in') or 0):,} in / "
-                     f"{int(r.get('tokens_out') or 0):,} out")
-    facts.append(f"cost {money(r.get('cost') if cost_known(r) else None)}"
-                 + (" (replayed: kept from an earlier request)" if r.get("replayed") else ""))
-    when = r.get("finished") or r.get("started")
+    if usage.tokens_in or usage.tokens_out:
+        facts.append(f"tokens {int(usage.tokens_in or 0):,} in / "
+                     f"{int(usage.tokens_out or 0):,} out")
+    facts.append(f"cost {money(usage.cost if usage.known else None)}"
+                 + (" (replayed: kept from an earlier request)" if usage.replayed else ""))
+    when = r.finished or r.started
     if when:
-        facts.append(f"{'finished' if r.get('finished') else 'started'} {when}")
-    requests = [q for q in r.get("requests") or [] if isinstance(q, dict)]
-    endpoints = sorted({str(q["endpoint"]) for q in requests if q.get("endpoint")})
+        facts.append(f"{'finished' if r.finished else 'started'} {when}")
+    endpoints, models = usage.endpoints()
     if endpoints:
-        models = sorted({str(q["model"]) for q in requests if q.get("model")})
         facts.append(f"endpoint {', '.join(endpoints)}"
                      + (f" (model id {', '.join(models)})" if models else ""))
     return f'<p class="asked">{" &middot; ".join(_e(f) for f in facts)}</p>'
 
 
-def task_page(task: str, board: Board, replies: Callable[[dict], Path | None]) -> str:
+def task_page(task: str, board: Board, replies: Callable[[ResultLine], Path | None]) -> str:
     colours = _colours(board)
     body, first = [], None
     for e in board.entries:
-        for r in sorted((r for r in e.solutions if r.get("task") == task),
-                        key=lambda r: (r.get("world") or 0, str(r.get("candidate") or ""))):
+        for r in sorted((r for r in e.solutions if r.item.task == task),
+                        key=lambda r: (r.item.world or 0, str(r.item.candidate))):
             first = first or r
-            who = e.label + (f" {r['candidate']}" if r.get("candidate") else "")
-            body.append(f'<div class="item" id="{slug(who)}-np{_e(r.get("world"))}">'
+            who = e.label + (f" {r.item.candidate}" if r.item.candidate else "")
+            body.append(f'<div class="item" id="{slug(who)}-np{_e(r.item.world)}">'
                         f'<h3>{_swatch(colours[e.label])}<a href="../models/{slug(e.label)}'
-                        f'.html">{_e(who)}</a>, np{_e(r.get("world"))}</h3>'
+                        f'.html">{_e(who)}</a>, np{_e(r.item.world)}</h3>'
                         f"{_evidence(r, replies, board.fingerprint)}</div>")
     about = ""
     if first:
-        facts = [first.get(k) for k in ("category", "library", "difficulty")]
-        if first.get("task_hash"):
-            facts.append(f"task hash {first['task_hash']}")
-        about = (f"<p>{_e(first.get('title'))}</p><p class=\"muted\">"
+        item = first.item
+        facts = [item.category, item.library, item.difficulty]
+        if item.task_hash:
+            facts.append(f"task hash {item.task_hash}")
+        about = (f"<p>{_e(item.title)}</p><p class=\"muted\">"
                  + " &middot; ".join(_e(f) for f in facts if f)
                  + f"</p><p class=\"muted\">{_e(fingerprint_line(board.fingerprint))}</p>")
     return _page(task, about + "".join(body), depth=1)
@@ -459,8 +458,8 @@ def task_page(task: str, board: Board, replies: Callable[[dict], Path | None]) -
 
 def model_page(entry: Entry) -> str:
     rows = "".join(
-        f'<tr><td><a href="../tasks/{slug(str(r.get("task")))}.html">{_e(_item(r))}</a></td>'
-        f'<td class="{_cell_class(r)}">{_e(_short(r))}</td><td>{_e(r.get("message"))[:200]}'
+        f'<tr><td><a href="../tasks/{slug(str(r.item.task))}.html">{_e(_item(r))}</a></td>'
+        f'<td class="{_cell_class(r)}">{_e(_short(r))}</td><td>{_e(r.result.message)[:200]}'
         "</td></tr>" for r in sorted(entry.solutions, key=_item))
     s = entry.scores
     standing = (f"rank {entry.rank}, tier {entry.tier}" if entry.rank is not None
@@ -474,7 +473,7 @@ def model_page(entry: Entry) -> str:
     return _page(entry.label, body, depth=1)
 
 
-def write(board: Board, out: Path, replies: Callable[[dict], Path | None],
+def write(board: Board, out: Path, replies: Callable[[ResultLine], Path | None],
           command: str = "") -> list[Path]:
     """Write the site into `out`; returns the pages written."""
     out.mkdir(parents=True, exist_ok=True)
@@ -487,7 +486,8 @@ def write(board: Board, out: Path, replies: Callable[[dict], Path | None],
         written.append(path)
 
     put(out / "index.html", index_page(board, command))
-    tasks = sorted({str(r["task"]) for e in board.entries for r in e.solutions if r.get("task")})
+    tasks = sorted({str(r.item.task) for e in board.entries for r in e.solutions
+                    if r.item.task})
     for task in tasks:
         put(out / "tasks" / f"{slug(task)}.html", task_page(task, board, replies))
     for e in [*board.entries, *board.unranked]:

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-import json
 import re
 import time
+from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -13,8 +14,17 @@ import pytest
 from . import __version__
 from .engine import ItemResult, Settings, refine
 from .models.conversation import ITEM
-from .results import cap, entries
-from .scoring import cost_known, record_band
+from .record import (
+    RESULT,
+    STARTED,
+    Attempt,
+    Identity,
+    ResultLine,
+    from_junit,
+)
+from .record import junit_properties as _junit
+from .results import entries
+from .scoring import band
 from .session import STATE
 from .tasks import MANIFEST, ManifestError, Task, load_task, task_hash
 from .verdicts import Verdict
@@ -26,7 +36,7 @@ WORKER_DIED = "the pytest worker running this item died"
 class CommbenchFailure(Exception):
     """An item's result that pytest should report as a failure."""
 
-    def __init__(self, record: dict[str, Any], headline: str) -> None:
+    def __init__(self, record: ResultLine, headline: str) -> None:
         super().__init__(headline)
         self.record = record
         self.headline = headline
@@ -60,32 +70,37 @@ class TaskManifest(pytest.File):
 
 
 def base_record(task: Task, world: int, candidate_id: str, kind: str, nodeid: str,
-                state) -> dict[str, Any]:
+                state) -> Identity:
     """What every line of an item says (never the seed: the "started" line is written before
     the item's jobs run, and a job must find no seed anywhere)."""
-    return {
-        "nodeid": nodeid, "run": state.run_id, "task": task.relpath, "title": task.title,
-        "category": task.category, "library": task.library, "difficulty": task.difficulty,
-        "setup": task.setup, "world": world, "model": state.model.name,
+    return Identity(
+        nodeid=nodeid, run=state.run_id, task=task.relpath, title=task.title,
+        category=task.category, library=task.library, difficulty=task.difficulty,
+        setup=task.setup, world=world, model=state.model.name,
         # what produced the line: the plugin's version, and the task as it was (a changed
         # task's results are not pooled with the old one's: `commbench report`)
-        "commbench_version": __version__, "task_hash": task_hash(task, state.references),
-        "platform": state.platform.name, "candidate": candidate_id, "kind": kind,
+        commbench_version=__version__, task_hash=task_hash(task, state.references),
+        platform=state.platform.name, candidate=candidate_id, kind=kind,
         # the run's settings that make its results another configuration of the model (a
         # leaderboard keeps 1-round and 5-round runs, or budgeted ones, apart)
-        "refine_rounds": state.settings.rounds,
-        "budget_usd": state.settings.budget_usd,
-        **({"hints": True} if state.settings.hints else {}),
-        **({"agent": state.agent.label} if getattr(state, "agent", None) is not None else {}),
-    }
+        refine_rounds=state.settings.rounds, budget_usd=state.settings.budget_usd,
+        hints=True if state.settings.hints else None,
+        agent=state.agent.label if getattr(state, "agent", None) is not None else None)
 
 
-def final_record(state, base: dict[str, Any], record: dict[str, Any]) -> dict[str, Any]:
+def final_record(state, base: Identity | Mapping[str, Any],
+                 attempt: Attempt | Mapping[str, Any]) -> ResultLine:
     """An item's result line: capped (the solution controls its messages and output), with
     the seed that reproduces its inputs."""
-    return cap({**base, **record, "event": "result", "seed": state.seed,
-                "band": record_band(record), "fingerprint": state.fingerprint,
-                "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
+    item = base if isinstance(base, Identity) else Identity.from_json(base)
+    attempt = attempt if isinstance(attempt, Attempt) else Attempt.from_json(attempt)
+    if attempt.agent is not None and attempt.agent.label is not None:
+        item = replace(item, agent=attempt.agent.label)  # the line has one "agent"
+    return ResultLine(
+        event=RESULT, item=item, attempt=attempt, seed=state.seed,
+        band=band(attempt.speedup, attempt.speedup_ci90, attempt.timing_trust),
+        fingerprint=state.fingerprint, finished=time.strftime("%Y-%m-%dT%H:%M:%S%z")
+    ).capped()
 
 
 class TaskItem(pytest.Item):
@@ -94,27 +109,27 @@ class TaskItem(pytest.Item):
         self.task = task
         self.world = world
         self.candidate = candidate
-        self.record: dict[str, Any] | None = None
+        self.record: ResultLine | None = None
 
     # -- helpers ---------------------------------------------------------------------------
-    def _base_record(self, state) -> dict[str, Any]:
+    def _base_record(self, state) -> Identity:
         return base_record(self.task, self.world, self.candidate.id, self.candidate.kind,
                            self.nodeid, state)
 
-    def _finish(self, state, record: dict[str, Any]) -> dict[str, Any]:
-        record = final_record(state, self._base_record(state), record)
+    def _finish(self, state, attempt: Attempt) -> ResultLine:
+        record = final_record(state, self._base_record(state), attempt)
         state.log.write(record)
         self.config.hook.pytest_commbench_result(config=self.config, record=record)
         self._adopt(record)
         return record
 
-    def _adopt(self, record: dict[str, Any]) -> None:
+    def _adopt(self, record: ResultLine) -> None:
         self.record = record
         self.user_properties.extend(junit_properties(record))
 
-    def _conclude(self, record: dict[str, Any], note: str = "") -> None:
+    def _conclude(self, record: ResultLine, note: str = "") -> None:
         """Pass or fail the pytest item as its verdict says."""
-        verdict = record["verdict"]
+        verdict = record.verdict
         if self.candidate.kind == "mutant":
             if verdict == Verdict.PASS:
                 raise CommbenchFailure(record, "MUTANT SURVIVED: the checker accepted a known-"
@@ -130,13 +145,14 @@ class TaskItem(pytest.Item):
         state = self.config.stash[STATE]
         recorded = state.resumed.get(self.nodeid)
         if recorded is not None:  # finished by the run being resumed: judged in runtest
-            if recorded.get("verdict") == Verdict.SKIPPED:
+            if recorded.verdict == Verdict.SKIPPED:
                 self._adopt(recorded)
-                pytest.skip(str(recorded.get("message") or "skipped"))
+                pytest.skip(str(recorded.result.message or "skipped"))
             return
         reason = state.platform.skip_reason(self.task, self.world)
         if reason:
-            self._finish(state, {"verdict": "skipped", "message": reason, "sizes": []})
+            self._finish(state, Attempt.partial(verdict=Verdict.SKIPPED.value, message=reason,
+                                                sizes=()))
             pytest.skip(reason)
 
     def runtest(self) -> None:
@@ -146,8 +162,8 @@ class TaskItem(pytest.Item):
             self._adopt(recorded)
             self._conclude(recorded, f" (recorded by run {state.run_id}, resumed)")
             return
-        state.log.write({**self._base_record(state), "event": "started",
-                         "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
+        state.log.write(ResultLine.started_line(self._base_record(state),
+                                                time.strftime("%Y-%m-%dT%H:%M:%S%z")))
         slug = self.nodeid.replace("/", "_").replace("::", "__").replace("[", "_").rstrip("]")
         settings = Settings.for_item(
             state.settings, seed=state.item_seed(self.nodeid), work=state.work_dir / slug,
@@ -161,13 +177,13 @@ class TaskItem(pytest.Item):
         try:
             for _attempt in range(1 + INFRA_RETRIES):
                 result = run(self.task, self.world, self.candidate, state.platform, settings)
-                if isinstance(result, dict):  # a third-party agent of the older contract
-                    result = ItemResult.from_record(result)
+                if isinstance(result, Mapping):  # a third-party agent of the older contract
+                    result = ItemResult.from_json(result)
                 if result.verdict != Verdict.INFRA_ERROR.value or refused_key(result):
                     break
         finally:
             ITEM.reset(token)
-        record = self._finish(state, result.as_record())
+        record = self._finish(state, result)
         status = refused_key(result)
         if status is not None:
             # a wrong key fails every item alike: the session stops after this one
@@ -189,7 +205,7 @@ class TaskItem(pytest.Item):
 def refused_key(result: ItemResult) -> int | None:
     """The status (401, 403) of a request of this result that the endpoint refused, else None
     (`models.providers.refused` marks such requests)."""
-    return next((q["refused"] for q in result.requests or () if q.get("refused")), None)
+    return result.usage.refused()
 
 
 def key_hint(model) -> str:
@@ -201,7 +217,7 @@ def key_hint(model) -> str:
             f"{spec.model}) and the endpoint (--commbench-base-url)")
 
 
-def record_crashed_item(state, nodeid: str, report) -> dict[str, Any] | None:
+def record_crashed_item(state, nodeid: str, report) -> ResultLine:
     """The controller's end for an item whose xdist worker died while running it: once the
     item had started, a failure of the model (`runtime_error`) where jobs run unsandboxed
     (its solution may have killed the worker), else `infra_error` (a sandboxed job cannot
@@ -210,39 +226,38 @@ def record_crashed_item(state, nodeid: str, report) -> dict[str, Any] | None:
     started, result = None, None
     if state.log.path.exists():
         for entry in entries(state.log.path):
-            if entry.get("nodeid") != nodeid:
+            if entry.item.nodeid != nodeid:
                 continue
-            if entry.get("event") == "started":
+            if entry.event == STARTED:
                 started, result = entry, None
-            elif entry.get("event") == "result":
+            elif entry.event == RESULT:
                 result = entry
     why = str(getattr(report, "longrepr", "") or "")
     if result is not None:  # it had ended before its worker died: that end stands
         record = result
     else:
         if started is not None:
-            base = {k: v for k, v in started.items() if k not in ("event", "started")}
+            base = started.item
             if state.settings.unsandboxed:  # the solution's processes could reach the worker
-                outcome = {"verdict": Verdict.RUNTIME_ERROR.value, "message": WORKER_DIED}
+                verdict, message = Verdict.RUNTIME_ERROR, WORKER_DIED
             else:  # a job's sandbox (its own PID and user namespaces) cannot: killed from
                 # outside, never the model's fault; a resume runs the item again
-                outcome = {"verdict": Verdict.INFRA_ERROR.value,
-                           "message": f"{WORKER_DIED} (killed from outside: a sandboxed "
-                                      "solution cannot reach it)"}
+                verdict, message = Verdict.INFRA_ERROR, (
+                    f"{WORKER_DIED} (killed from outside: a sandboxed solution cannot reach it)")
         else:
             base = _base_from_nodeid(state, nodeid)
-            outcome = {"verdict": Verdict.INFRA_ERROR.value,
-                       "message": "the pytest worker died before this item started"}
-        record = final_record(state, base, {**outcome, "detail": why, "sizes": [],
-                                            "speedup": None})
+            verdict, message = (Verdict.INFRA_ERROR,
+                                "the pytest worker died before this item started")
+        record = final_record(state, base, Attempt.partial(
+            verdict=verdict.value, message=message, detail=why, sizes=(), speedup=None))
         state.log.write(record)
         state.config.hook.pytest_commbench_result(config=state.config, record=record)
     report.user_properties = [*getattr(report, "user_properties", ()), *junit_properties(record)]
-    report.longrepr = f"{why}\n{describe(record, 'verdict ' + str(record['verdict']))}"
+    report.longrepr = f"{why}\n{describe(record, 'verdict ' + record.verdict)}"
     return record
 
 
-def _base_from_nodeid(state, nodeid: str) -> dict[str, Any]:
+def _base_from_nodeid(state, nodeid: str) -> Identity:
     path, _, name = nodeid.partition("::")
     world = re.search(r"\[np(\d+)(?:-(.*))?\]$", name)
     candidate = (world.group(2) or "") if world else ""
@@ -250,88 +265,42 @@ def _base_from_nodeid(state, nodeid: str) -> dict[str, Any]:
     try:
         task = load_task(state.config.rootpath / path, state.suites)
     except ManifestError:
-        return {"nodeid": nodeid, "run": state.run_id, "task": path, "title": "", "category": "",
-                "library": "", "difficulty": "", "setup": "", "model": state.model.name,
-                "platform": state.platform.name, "candidate": candidate, "kind": kind,
-                "world": int(world.group(1)) if world else 0}
+        return Identity.partial(
+            nodeid=nodeid, run=state.run_id, task=path, title="", category="", library="",
+            difficulty="", setup="", model=state.model.name, platform=state.platform.name,
+            candidate=candidate, kind=kind, world=int(world.group(1)) if world else 0)
     return base_record(task, int(world.group(1)) if world else 0, candidate, kind, nodeid, state)
 
 
-def describe(record: dict[str, Any], headline: str) -> str:
+def describe(record: ResultLine | Mapping[str, Any], headline: str) -> str:
+    record = ResultLine.of(record)
+    item, attempt = record.item, record.result
     lines = [
         f"commbench {headline}",
-        f"task {record['task']} ({record['title']}), world size {record['world']}, "
-        f"model {record['model']}" + (f", {record['candidate']}" if record.get("candidate") else ""),
-        f"verdict: {record['verdict']}",
+        f"task {item.task} ({item.title}), world size {item.world}, "
+        f"model {item.model}" + (f", {item.candidate}" if item.candidate else ""),
+        f"verdict: {record.verdict}",
     ]
-    if record.get("message"):
-        lines.append(f"  {record['message']}")
-    if record.get("detail"):
-        lines += ["  " + x for x in str(record["detail"]).splitlines()[-40:]]
-    if record.get("output"):
+    if attempt.message:
+        lines.append(f"  {attempt.message}")
+    if attempt.detail:
+        lines += ["  " + x for x in str(attempt.detail).splitlines()[-40:]]
+    if attempt.output:
         lines.append("--- output of the ranks (tail) ---")
-        lines += str(record["output"]).splitlines()[-30:]
-    if record.get("seed") is not None:
-        lines.append(f"seed {record['seed']} (rerun with --commbench-seed={record['seed']})")
+        lines += str(attempt.output).splitlines()[-30:]
+    if record.seed is not None:
+        lines.append(f"seed {record.seed} (rerun with --commbench-seed={record.seed})")
     return "\n".join(lines)
 
 
-SUMMARY_KEYS = ("nodeid", "task", "title", "category", "library", "difficulty", "setup", "world",
-                "model", "candidate", "kind", "verdict", "message", "speedup", "speedup_se",
-                "timing_rounds", "timing_trust", "timing_stopped", "speedup_ci90", "host_load",
-                "check_only", "compile_only", "commbench_version", "task_hash", "replayed", "price_source",
-                "band", "sizes", "rounds", "round", "round_history", "agent", "agent_calls",
-                "agent_restarts", "agent_kept", "agent_first",
-                "cost", "tokens_in", "tokens_out", "seed", "run")
+def junit_properties(record: ResultLine | Mapping[str, Any]) -> list[tuple[str, Any]]:
+    """Flat (str, builtin) pairs: one per figure for CI dashboards, plus the summary record
+    (the record layer derives both from the typed line)."""
+    return _junit(ResultLine.of(record))
 
 
-def junit_properties(record: dict[str, Any]) -> list[tuple[str, Any]]:
-    """Flat (str, builtin) pairs: one per figure for CI dashboards, plus the summary record."""
-    props: list[tuple[str, Any]] = [
-        ("commbench.verdict", record["verdict"]),
-        ("commbench.task", record["task"]),
-        ("commbench.category", record["category"]),
-        ("commbench.world_size", record["world"]),
-        ("commbench.tokens_in", record.get("tokens_in", 0)),
-        ("commbench.tokens_out", record.get("tokens_out", 0)),
-        ("commbench.cost_usd", round(record.get("cost") or 0.0, 6) if cost_known(record)
-         else "unknown"),
-        ("commbench.version", record.get("commbench_version", "")),
-        ("commbench.task_hash", record.get("task_hash", "")),
-    ]
-    if record.get("round") is not None:
-        props.append(("commbench.round", record["round"]))
-    if record.get("speedup") is not None:
-        props += [("commbench.speedup", round(record["speedup"], 4)),
-                  ("commbench.band", record.get("band", ""))]
-    if record.get("timing_trust"):
-        props.append(("commbench.timing_trust", record["timing_trust"]))
-    if record.get("speedup_ci90"):
-        props += [("commbench.speedup_ci90_lo", round(record["speedup_ci90"][0], 4)),
-                  ("commbench.speedup_ci90_hi", round(record["speedup_ci90"][1], 4))]
-    if record.get("speedup_se") is not None:
-        props += [("commbench.speedup_se", round(record["speedup_se"], 4)),
-                  ("commbench.timing_rounds", record.get("timing_rounds"))]
-    for s in record.get("sizes", []):
-        key = f"commbench.size.{s['count']}.{s['dtype']}"
-        props += [
-            (f"{key}.speedup", round(s["speedup"], 4)),
-            (f"{key}.t_sol_us", round(s["t_sol_us"], 3)),
-            (f"{key}.t_ref_us", round(s["t_ref_us"], 3)),
-            (f"{key}.spread_sol", round(s["spread_sol"], 4)),
-        ]
-        if s.get("value_sol") is not None:
-            props.append((f"{key}.{s['metric']}_{s['unit']}", round(s["value_sol"], 4)))
-    summary = cap({k: record.get(k) for k in SUMMARY_KEYS})
-    props.append(("commbench.record", json.dumps(summary, default=str)))
-    return props
-
-
-def record_from_report(report) -> dict[str, Any] | None:
-    for name, value in getattr(report, "user_properties", ()):
-        if name == "commbench.record":
-            return json.loads(value)
-    return None
+def record_from_report(report) -> ResultLine | None:
+    return from_junit(getattr(report, "user_properties", ()))
 
 
 def is_manifest(path: Path) -> bool:

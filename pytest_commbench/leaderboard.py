@@ -25,14 +25,14 @@ from __future__ import annotations
 import csv
 import hashlib
 import json
-from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from tabulate import tabulate
 
 from . import report
+from .record import Identity, ResultLine, as_lines
 from .report import WriteLine, WriteSep
 from .results import merge
 from .scoring import (
@@ -41,6 +41,7 @@ from .scoring import (
     OUTCOMES,
     UNTIMED,
     Intervals,
+    Records,
     Scores,
     bootstrap,
     breakdown,
@@ -51,7 +52,6 @@ from .scoring import (
     record_band,
     score,
 )
-from .verdicts import Verdict
 
 DIMENSIONS = ("category", "difficulty", "setup", "library")
 DIFFICULTIES = ("easy", "medium", "hard")
@@ -74,17 +74,17 @@ class FingerprintMismatch(ValueError):
     """Records of machines or software that differ, given to one report."""
 
 
-def fingerprints(records: Iterable[dict]) -> list[tuple[dict, list[dict]]]:
+def fingerprints(records: Records) -> list[tuple[dict, list[ResultLine]]]:
     """The records grouped by their hardware/software fingerprint, in order of first sight. A
     record without one (an item that started and never finished) takes its run's."""
-    records = list(records)
+    records = as_lines(records)
     by_run: dict[str, dict] = {}
     for r in records:
-        if r.get("fingerprint") and r.get("run"):
-            by_run.setdefault(r["run"], r["fingerprint"])
-    groups: dict[str, tuple[dict, list[dict]]] = {}
+        if r.fingerprint and r.item.run:
+            by_run.setdefault(r.item.run, r.fingerprint)
+    groups: dict[str, tuple[dict, list[ResultLine]]] = {}
     for r in records:
-        fp = r.get("fingerprint") or by_run.get(r.get("run", ""), {}) or {}
+        fp = r.fingerprint or by_run.get(r.item.run or "", {}) or {}
         groups.setdefault(json.dumps(fp, sort_keys=True, default=str), (fp, []))[1].append(r)
     return list(groups.values())
 
@@ -95,14 +95,14 @@ def fingerprint_label(fp: dict) -> str:
     return f"{fp.get('platform', 'unknown')}-{digest[:8]}"
 
 
-def _who(records: list[dict]) -> str:
-    models = sorted({str(r.get("model", "?")) for r in records})
-    runs = sorted({str(r["run"]) for r in records if r.get("run")})
+def _who(records: list[ResultLine]) -> str:
+    models = sorted({str(r.item.model or "?") for r in records})
+    runs = sorted({str(r.item.run) for r in records if r.item.run})
     return (f"model{'s' * (len(models) > 1)} {', '.join(models)}"
             + (f", run{'s' * (len(runs) > 1)} {', '.join(runs)}" if runs else ""))
 
 
-def difference(groups: list[tuple[dict, list[dict]]]) -> str:
+def difference(groups: list[tuple[dict, list[ResultLine]]]) -> str:
     """What differs between fingerprint groups, field by field, with whose records have
     each value."""
     fields = sorted({k for fp, _ in groups for k in fp}, key=lambda k: (k != "platform", k)) \
@@ -117,7 +117,7 @@ def difference(groups: list[tuple[dict, list[dict]]]) -> str:
     return "\n".join(lines)
 
 
-def check_one_fingerprint(records: list[dict]) -> dict:
+def check_one_fingerprint(records: Records) -> dict:
     """The fingerprint all the records share; FingerprintMismatch naming the differing fields
     where they do not."""
     groups = fingerprints(records)
@@ -129,15 +129,15 @@ def check_one_fingerprint(records: list[dict]) -> dict:
     return groups[0][0] if groups else {}
 
 
-def changed_tasks(records: list[dict]) -> dict[str, dict[str, list[str]]]:
+def changed_tasks(records: Records) -> dict[str, dict[str, list[str]]]:
     """Tasks whose records carry different task hashes (the task, its reference or its
     oracle changed between the runs): {task: {hash: [runs]}}. Records made before hashes
     were written carry none and are not compared."""
     seen: dict[str, dict[str, set[str]]] = {}
-    for r in records:
-        if r.get("event") == "result" and r.get("task_hash"):
-            seen.setdefault(r["task"], {}).setdefault(r["task_hash"], set()).add(
-                str(r.get("run", "?")))
+    for r in as_lines(records):
+        if r.event == "result" and r.item.task_hash:
+            seen.setdefault(r.item.task, {}).setdefault(r.item.task_hash, set()).add(
+                str(r.item.run or "?"))
     return {task: {h: sorted(runs) for h, runs in by_hash.items()}
             for task, by_hash in seen.items() if len(by_hash) > 1}
 
@@ -148,28 +148,29 @@ def describe_changed(changed: dict[str, dict[str, list[str]]]) -> str:
                       for task, hashes in sorted(changed.items()))
 
 
-def split_changed(records: list[dict], changed: dict) -> list[dict]:
+def split_changed(records: Records, changed: dict) -> list[ResultLine]:
     """Each version of a changed task as a task of its own (`task@hash`)."""
-    def version(r: dict) -> dict:
-        tag = f"@{r['task_hash'][:8]}"
+    def version(r: ResultLine) -> ResultLine:
+        tag = f"@{r.item.task_hash[:8]}"
         # the node id too: an item counts once per node id (a run and its rerun)
-        return {**r, "task": r["task"] + tag, "nodeid": str(r.get("nodeid", "")) + tag}
+        return replace(r, item=replace(r.item, task=r.item.task + tag,
+                                       nodeid=str(r.item.nodeid) + tag))
 
-    return [version(r) if r.get("task") in changed and r.get("task_hash") else r
-            for r in records]
+    return [version(r) if r.item.task in changed and r.item.task_hash else r
+            for r in as_lines(records)]
 
 
-def runs_judging_the_same_items(records: list[dict]) -> list[str]:
+def runs_judging_the_same_items(records: Records) -> list[str]:
     """A line per pair of runs that would make one entry (one model, configuration and label)
     and judged an item both: pooled, the later record of each item would silently replace
     the other's. Runs of disjoint items (a suite run in parts) pool; records naming no run
     (older logs) are not compared."""
     items: dict[tuple, dict[str, set[str]]] = {}
-    for r in records:
-        if r.get("run"):
-            key = (str(r.get("model", "?")), *_config(r))
-            item = f"{r.get('nodeid')} {r.get('candidate') or ''}".strip()
-            items.setdefault(key, {}).setdefault(str(r["run"]), set()).add(item)
+    for r in as_lines(records):
+        if r.item.run:
+            key = (str(r.item.model or "?"), *_config(r))
+            item = f"{r.item.nodeid} {r.item.candidate or ''}".strip()
+            items.setdefault(key, {}).setdefault(str(r.item.run), set()).add(item)
     lines = []
     for key, by_run in items.items():
         names = sorted(by_run)
@@ -184,7 +185,7 @@ def runs_judging_the_same_items(records: list[dict]) -> list[str]:
     return lines
 
 
-def split(records: list[dict]) -> list[tuple[str, dict, list[dict]]]:
+def split(records: Records) -> list[tuple[str, dict, list[ResultLine]]]:
     """(label, fingerprint, records) per fingerprint group."""
     return [(fingerprint_label(fp), fp, recs) for fp, recs in fingerprints(records)]
 
@@ -195,7 +196,7 @@ def split(records: list[dict]) -> list[tuple[str, dict, list[dict]]]:
 class Entry:
     label: str  # the model, with its settings where the model ran in several
     model: str
-    records: list[dict]  # every record of the entry (solutions and mutants), one per item
+    records: list[ResultLine]  # every record of the entry (solutions and mutants), one per item
     scores: Scores
     intervals: Intervals
     open_weights: bool | None = None
@@ -207,17 +208,17 @@ class Entry:
     tier: int | None = 0
 
     @property
-    def solutions(self) -> list[dict]:
-        return [r for r in self.records if r.get("kind", "solution") == "solution"]
+    def solutions(self) -> list[ResultLine]:
+        return [r for r in self.records if r.is_solution]
 
     @property
-    def tasks(self) -> list[dict]:
+    def tasks(self) -> list[ResultLine]:
         """One record per task (and sample): what the scores count."""
         return per_task(self.solutions)
 
     @property
     def runs(self) -> list[str]:
-        return sorted({str(r["run"]) for r in self.records if r.get("run")})
+        return sorted({str(r.item.run) for r in self.records if r.item.run})
 
     @property
     def price(self) -> float | None:
@@ -231,23 +232,27 @@ class Board:
     fingerprint: dict
     # runs of no solution (`mutants`: the checker's test, not a model's): shown, never ranked
     unranked: list[Entry] = field(default_factory=list)
-    # the suite's tasks for this platform ({"task", "category", ...}), where the report was
-    # given the suite: Table 1 counts them, not what the logs happen to hold
-    suite: list[dict] | None = None
+    # the suite's tasks for this platform (each its identity's task facts), where the report
+    # was given the suite: Table 1 counts them, not what the logs happen to hold
+    suite: list[Identity] | None = None
 
     @property
-    def tasks(self) -> dict[str, dict]:
-        """Every task of the suite that any entry ran, by name (its first record)."""
-        out: dict[str, dict] = {}
+    def tasks(self) -> dict[str, Identity]:
+        """Every task of the suite that any entry ran, by name (its first record's)."""
+        out: dict[str, Identity] = {}
         for e in self.entries:
             for r in e.solutions:
-                out.setdefault(r.get("task") or r.get("nodeid"), r)
+                out.setdefault(r.item.task or r.item.nodeid, r.item)
         return dict(sorted(out.items()))
 
 
-def _config(r: dict) -> tuple:
-    return (r.get("refine_rounds"), r.get("budget_usd"), r.get("agent"), r.get("run_label"),
-            bool(r.get("hints")))
+#: a task of the suite, for Table 1: its facts and the platforms it runs on
+SuiteTask = tuple[Identity, tuple[str, ...]]
+
+
+def _config(r: ResultLine) -> tuple:
+    return (r.item.refine_rounds, r.item.budget_usd, r.item.agent, r.run_label,
+            bool(r.item.hints))
 
 
 def _config_label(model: str, rounds: int | None, budget: float | None,
@@ -284,17 +289,17 @@ def separated(upper: Entry, lower: Entry) -> bool:
     return a is not None and b is not None and a[0] > b[1]
 
 
-def build(records: Iterable[dict], models_file: Path | None = None,
-          resamples: int | None = None, suite: list[dict] | None = None) -> Board:
+def build(records: Records, models_file: Path | None = None,
+          resamples: int | None = None, suite: list[SuiteTask] | None = None) -> Board:
     """The board of records of one fingerprint (FingerprintMismatch otherwise): an entry per
     model and configuration, each item once (the later record wins), ranked by Pass x GM
     (then Pass Rate), tiers split where adjacent intervals separate."""
-    records = list(records)
+    records = as_lines(records)
     fp = check_one_fingerprint(records)
     specs = _registry(models_file)
-    by_model: dict[str, dict[tuple, list[dict]]] = {}
+    by_model: dict[str, dict[tuple, list[ResultLine]]] = {}
     for r in records:
-        by_model.setdefault(str(r.get("model", "?")), {}).setdefault(_config(r), []).append(r)
+        by_model.setdefault(str(r.item.model or "?"), {}).setdefault(_config(r), []).append(r)
     entries = []
     for model, configs in by_model.items():
         for (rounds, budget, agent, run_label, hints), recs in configs.items():
@@ -329,9 +334,9 @@ def build(records: Iterable[dict], models_file: Path | None = None,
         e.rank, e.tier = i + 1, tier
     for e in entries[len(ranked):]:
         e.rank = e.tier = None
-    if suite is not None and fp.get("platform"):
-        suite = [t for t in suite if fp["platform"] in t.get("platforms", (fp["platform"],))]
-    return Board(entries, fp, unranked, suite)
+    tasks = None if suite is None else [
+        t for t, platforms in suite if not fp.get("platform") or fp["platform"] in platforms]
+    return Board(entries, fp, unranked, tasks)
 
 
 # -- the numbers of each table and figure -----------------------------------------------------
@@ -343,19 +348,19 @@ def composition(board: Board, dimension: str) -> list[dict]:
     ran = board.tasks
     tasks = board.suite if board.suite is not None else list(ran.values())
     total = len(tasks)
-    values = sorted({str(t.get(dimension, "")) for t in tasks})
+    values = sorted({str(t.of(dimension)) for t in tasks})
     rows = []
     for value in [*values, "total"]:
         mine = tasks if value == "total" else [t for t in tasks
-                                              if str(t.get(dimension, "")) == value]
+                                              if str(t.of(dimension)) == value]
         row = {dimension: value, "tasks": len(mine),
                "share": len(mine) / total if total else None}
         if board.suite is not None:
-            row["run"] = sum(1 for t in mine if t.get("task") in ran)
+            row["run"] = sum(1 for t in mine if t.task in ran)
         for key, options in (("difficulty", DIFFICULTIES), ("setup", SETUPS)):
             if key != dimension:
                 for o in options:
-                    row[o] = sum(1 for t in mine if t.get(key) == o)
+                    row[o] = sum(1 for t in mine if t.of(key) == o)
         rows.append(row)
     return rows
 
@@ -430,7 +435,7 @@ def bands(board: Board) -> dict[str, dict[str, int]]:
     for e in board.entries:
         counts = dict.fromkeys(BAND_ORDER, 0)
         for t in e.tasks:
-            if t["verdict"] == Verdict.PASS:
+            if t.passed:
                 counts[record_band(t) or UNTIMED] += 1
         out[e.label] = counts
     return out
@@ -480,8 +485,8 @@ def agent_vs_direct(board: Board) -> list[dict[str, Any]]:
             continue
         base = direct[0]  # the best-ranked direct entry
         for e in sorted(mine, key=lambda e: (e.agent is not None, e.agent or "", e.label)):
-            calls = [sum((r.get("agent_calls") or {}).values()) if r.get("agent")
-                     else int(r.get("rounds") or 1) for r in e.solutions]
+            calls = [sum(((r.result.agent and r.result.agent.calls) or {}).values())
+                     if r.item.agent else int(r.result.rounds or 1) for r in e.solutions]
             gain = (e.scores.pass_x_gm - base.scores.pass_x_gm
                     if e.scores.pass_x_gm is not None and base.scores.pass_x_gm is not None
                     else None)
@@ -499,14 +504,14 @@ def speedups_by_size(board: Board) -> dict[str, list[dict[str, Any]]]:
     (bytes per rank, as the task counts them)."""
     out: dict[str, list[dict[str, Any]]] = {}
     for e in board.entries:
-        for r in sorted(e.solutions, key=lambda r: (r.get("world") or 0, r.get("candidate", ""))):
-            points = [(s["bytes"], s["count"], s["speedup"]) for s in r.get("sizes") or []
-                      if s.get("speedup") is not None and s.get("bytes") is not None]
-            if r["verdict"] != Verdict.PASS or not points:
+        for r in sorted(e.solutions, key=lambda r: (r.item.world or 0, r.item.candidate)):
+            points = [(s.bytes, s.count, s.speedup) for s in r.result.sizes
+                      if s.speedup is not None and s.bytes is not None]
+            if not r.passed or not points:
                 continue
-            name = e.label + (f" np{r['world']}" if r.get("world") is not None else "") \
-                + (f" {r['candidate']}" if r.get("candidate") else "")
-            out.setdefault(r.get("task", "?"), []).append({"series": name, "points": points,
+            name = e.label + (f" np{r.item.world}" if r.item.world is not None else "") \
+                + (f" {r.item.candidate}" if r.item.candidate else "")
+            out.setdefault(r.item.task or "?", []).append({"series": name, "points": points,
                                                            "entry": e.label})
     return dict(sorted(out.items()))
 
@@ -713,7 +718,7 @@ def _write_table(t: Table, write_line: WriteLine, fmt: str) -> None:
     write_line("")
 
 
-def render_run(records: list[dict], write_line: WriteLine, write_sep: WriteSep,
+def render_run(records: Records, write_line: WriteLine, write_sep: WriteSep,
                header: str = "commbench") -> None:
     """One run (the pytest terminal summary, and each entry of `commbench report`): its items,
     scores with their intervals, breakdowns and mutants."""

@@ -14,6 +14,7 @@ from .leaderboard import render_run
 from .models.api import api_model_names, make_api_model
 from .models.builtin import BUILTIN_NAMES, make_builtin
 from .platforms import make as make_platform
+from .record import ResultLine
 from .session import (
     AGENT_NAMES,
     GROUPS,
@@ -196,10 +197,10 @@ class ResultsCollector:
 
     def __init__(self, state) -> None:
         self.state = state
-        self.by_node: dict[str, dict] = {}
+        self.by_node: dict[str, ResultLine] = {}
 
     @property
-    def records(self) -> list[dict]:
+    def records(self) -> list[ResultLine]:
         return list(self.by_node.values())
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from .models.conversation import _safe
+from .record import ResultLine
 from .session import flag_name, given, lookup, renamed, setting
 from .verdicts import Verdict
 
@@ -132,10 +133,10 @@ def check(config: pytest.Config, state: Any) -> None:
         config.issue_config_time_warning(pytest.PytestConfigWarning(line), stacklevel=2)
 
 
-def no_item_ran(records: list[dict]) -> str | None:
+def no_item_ran(records: list[ResultLine]) -> str | None:
     """Why a benchmark session ran nothing (every item skipped), or None."""
-    if not records or any(r.get("verdict") != Verdict.SKIPPED for r in records):
+    if not records or any(r.verdict != Verdict.SKIPPED for r in records):
         return None
-    reasons = Counter(str(r.get("message") or "skipped") for r in records)
+    reasons = Counter(str(r.result.message or "skipped") for r in records)
     listed = "; ".join(f"{n} x {why}" for why, n in reasons.most_common())
     return f"no benchmark item ran: all {len(records)} skipped ({listed})"

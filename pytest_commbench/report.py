@@ -3,20 +3,22 @@ the `commbench report` command share it."""
 
 from __future__ import annotations
 
-import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import replace
+from typing import Any
 
 from tabulate import tabulate
 
+from .record import ResultLine, Size, as_lines
 from .scoring import (
     MUTANT_UNJUDGED,
     Comparison,
     Intervals,
+    Records,
     Scores,
     best_of_samples,
     bootstrap,
     breakdown,
-    cost_known,
     pass_at_ks,
     passes_by_round,
     record_band,
@@ -77,43 +79,49 @@ def intervals_line(iv: Intervals) -> str:
             f"Pass x GM {_interval(iv.pass_x_gm).strip() or '-'}")
 
 
-def _task_rows(records: list[dict]) -> list[list[str]]:
+def _world(r: ResultLine, missing: object = "") -> object:
+    return missing if r.item.world is None else r.item.world
+
+
+def _task_rows(records: list[ResultLine]) -> list[list[str]]:
     rows = []
-    for r in sorted(records, key=lambda r: r["nodeid"]):
-        per_size = " ".join(f"{s['count']}:{s['speedup']:.2f}" for s in r.get("sizes", []))
-        se = r.get("speedup_se")
-        speed = "compile only" if r.get("compile_only") and r["verdict"] == Verdict.PASS else \
-            "check only" if r.get("check_only") and r["verdict"] == Verdict.PASS else \
-            _num(r.get("speedup"))
+    for r in sorted(records, key=lambda r: r.item.nodeid):
+        a = r.result
+        per_size = " ".join(f"{s.count}:{s.speedup:.2f}" for s in a.sizes)
+        se = a.speedup_se
+        speed = "compile only" if a.compile_only and r.passed else \
+            "check only" if a.check_only and r.passed else _num(a.speedup)
         rows.append([
-            r["task"], r.get("world", ""), r["verdict"], speed,
-            "-" if se is None else f"{100 * se:.1f}%", r.get("timing_rounds") or "-",
-            r.get("timing_trust") or "-", record_band(r), per_size or "-",
+            r.item.task, _world(r), r.verdict, speed,
+            "-" if se is None else f"{100 * se:.1f}%", a.timing_rounds or "-",
+            a.timing_trust or "-", record_band(r), per_size or "-",
         ])
     return rows
 
 
-def unreadable(records: list[dict]) -> list[str]:
+def unreadable(records: Records) -> list[str]:
     """Passing items whose speedup is not to be read, each with why."""
     out = []
-    for r in sorted(records, key=lambda r: r["nodeid"]):
-        trust = r.get("timing_trust")
-        if r["verdict"] != Verdict.PASS or trust in (None, "ok"):
+    for r in sorted(as_lines(records), key=lambda r: r.item.nodeid):
+        a = r.result
+        trust = a.timing_trust
+        if not r.passed or trust in (None, "ok"):
             continue
-        load = r.get("host_load") or {}
-        stopped = (f"; timing stopped after {r.get('timing_rounds')} rounds"
-                   if r.get("timing_stopped") == "contended" else "")
-        why = (f"contended: {load.get('ranks')} busy ranks and {load.get('outside_cpus')} CPUs "
-               f"of other load on {load.get('cpus')} CPUs{stopped}" if trust == "contended" else
+        load = a.host_load
+        stopped = (f"; timing stopped after {a.timing_rounds} rounds"
+                   if a.timing_stopped == "contended" else "")
+        why = (f"contended: {load and load.ranks} busy ranks and {load and load.outside_cpus} "
+               f"CPUs of other load on {load and load.cpus} CPUs{stopped}"
+               if trust == "contended" else
                "shared: its ranks shared a GPU" if trust == "shared" else
-               f"noisy: +/- {100 * (r.get('speedup_se') or 0):.1f}% after "
-               f"{r.get('timing_rounds')} timing rounds")
-        out.append(f"{r['task']} np{r.get('world', '?')}{_cand(r)} ({why})")
+               f"noisy: +/- {100 * (a.speedup_se or 0):.1f}% after "
+               f"{a.timing_rounds} timing rounds")
+        out.append(f"{r.item.task} np{_world(r, '?')}{_cand(r)} ({why})")
     return out
 
 
-def _cand(r: dict) -> str:
-    return f" {r['candidate']}" if r.get("candidate") else ""
+def _cand(r: ResultLine) -> str:
+    return f" {r.item.candidate}" if r.item.candidate else ""
 
 
 def _score_rows(groups) -> list[list[str]]:
@@ -121,80 +129,91 @@ def _score_rows(groups) -> list[list[str]]:
              _num(s.gm_speedup), _num(s.pass_x_gm)] for name, s in groups]
 
 
-def agent_lines(records: list[dict]) -> list[str]:
+def agent_lines(records: Records) -> list[str]:
     """Agent mode's lines of the summary: the loop's calls, restarts and kept optimizations,
     the first generation against the agent's result, and the best of K runs per task."""
-    runs = [r for r in records if r.get("agent") and r.get("round_history") is not None]
+    runs = [r for r in as_lines(records) if r.item.agent and r.result.round_history is not None]
     if not runs:
         return []
     calls: dict[str, int] = {}
-    for r in runs:
-        for role, n in (r.get("agent_calls") or {}).items():
+    summaries = [r.result.agent for r in runs]
+    for agent in summaries:
+        for role, n in ((agent and agent.calls) or {}).items():
             calls[role] = calls.get(role, 0) + int(n)
-    labels = sorted({str(r["agent"]) for r in runs})
-    cost = sum(float(r.get("cost") or 0.0) for r in runs) \
-        if any(cost_known(r) for r in runs) else None
-    lines = [f"agent {', '.join(labels)}: {len(runs)} runs, model calls "
-             + ", ".join(f"{role} {n}" for role, n in calls.items())
-             + f"; restarts {sum(int(r.get('agent_restarts') or 0) for r in runs)}; "
-             f"optimizations kept {sum(int(r.get('agent_kept') or 0) for r in runs)}; "
-             f"cost {money(cost)} over all steps"]
-    for r in sorted(runs, key=lambda r: r["nodeid"]):
+    labels = sorted({str(r.item.agent) for r in runs})
+    cost = sum(r.result.usage.dollars for r in runs) \
+        if any(r.result.usage.known for r in runs) else None
+    restarts = sum(int((a and a.restarts) or 0) for a in summaries)
+    kept = sum(int((a and a.kept) or 0) for a in summaries)
+    out = [f"agent {', '.join(labels)}: {len(runs)} runs, model calls "
+              + ", ".join(f"{role} {n}" for role, n in calls.items())
+              + f"; restarts {restarts}; optimizations kept {kept}; "
+              f"cost {money(cost)} over all steps"]
+    for r in sorted(runs, key=lambda r: r.item.nodeid):
         steps = []
-        for h in r["round_history"]:
-            speed = "" if h.get("speedup") is None else f" {h['speedup']:.2f}"
-            mark = (" kept" if h.get("kept") and h.get("role") == "optimize" else
-                    " discarded" if h.get("kept") is False else
-                    " (trap: restart)" if h.get("restart") else "")
-            steps.append(f"i{h['round']} {h.get('role', '?')} {h['verdict']}{speed}{mark}")
-        lines.append(f"  {r['task']} np{r.get('world', '?')}{_cand(r)}: " + "; ".join(steps)
-                     + f" (stop: {r.get('agent_stop') or '-'})")
-    first = [{**r, "verdict": (r.get("agent_first") or {}).get("verdict") or r["verdict"],
-              "speedup": (r.get("agent_first") or {}).get("speedup")} for r in runs]
+        for h in r.result.round_history or ():
+            speed = "" if h.speedup is None else f" {h.speedup:.2f}"
+            mark = (" kept" if h.kept and h.role == "optimize" else
+                    " discarded" if h.kept is False else
+                    " (trap: restart)" if h.restart else "")
+            steps.append(f"i{h.round} {h.role or '?'} {h.verdict}{speed}{mark}")
+        agent = r.result.agent
+        out.append(f"  {r.item.task} np{_world(r, '?')}{_cand(r)}: " + "; ".join(steps)
+                      + f" (stop: {(agent and agent.stop) or '-'})")
+    first = [_as_first(r) for r in runs]
     a, f = score(runs), score(first)
-    lines.append(f"first generation (iteration 1) -> agent: Pass Rate {_pct(f.pass_rate)} -> "
-                 f"{_pct(a.pass_rate)}, GM-Speedup {_num(f.gm_speedup)} -> "
-                 f"{_num(a.gm_speedup)}, Pass x GM {_num(f.pass_x_gm)} -> {_num(a.pass_x_gm)}")
-    if any(re.fullmatch(r"s\d+", str(r.get("candidate", ""))) for r in runs):
+    out.append(f"first generation (iteration 1) -> agent: Pass Rate {_pct(f.pass_rate)} -> "
+                  f"{_pct(a.pass_rate)}, GM-Speedup {_num(f.gm_speedup)} -> "
+                  f"{_num(a.gm_speedup)}, Pass x GM {_num(f.pass_x_gm)} -> {_num(a.pass_x_gm)}")
+    samples = [r.item.sample for r in runs if r.item.sample is not None]
+    if samples:
         best = score(best_of_samples(runs))
-        k = max(int(str(r["candidate"])[1:]) for r in runs
-                if re.fullmatch(r"s\d+", str(r.get("candidate", "")))) + 1
-        lines.append(f"best of {k} agent runs per task: {best.passes}/{best.applicable} tasks "
-                     f"pass ({_pct(best.pass_rate)}), GM-Speedup {_num(best.gm_speedup)}, "
-                     f"Pass x GM {_num(best.pass_x_gm)}")
-    return lines
+        out.append(f"best of {max(samples) + 1} agent runs per task: {best.passes}/"
+                      f"{best.applicable} tasks pass ({_pct(best.pass_rate)}), GM-Speedup "
+                      f"{_num(best.gm_speedup)}, Pass x GM {_num(best.pass_x_gm)}")
+    return out
 
 
-def bandwidths(size: dict, role: str = "sol") -> tuple[float | None, float | None]:
+def _as_first(r: ResultLine) -> ResultLine:
+    """An agent's record as its first iteration ended (its verdict and speedup)."""
+    first = r.result.agent.first if r.result.agent is not None else None
+    verdict = (first.verdict if first is not None else None) or r.result.verdict
+    speedup = first.speedup if first is not None else None
+    return replace(r, attempt=replace(r.result, verdict=verdict, speedup=speedup))
+
+
+def bandwidths(size: Size | Mapping[str, Any], role: str = "sol"
+               ) -> tuple[float | None, float | None]:
     """(algbw, busbw) in GB/s of one size's `role` ("sol" or "ref"), as nccl-tests prints
     them: algbw the bytes over the time; busbw the task's metric where its manifest names
     busbw (algbw times the collective's factor), else None. Both None for a task whose
     metric is a time."""
-    seconds = (size.get(f"t_{role}_us") or 0) * 1e-6
-    if size.get("unit") != "GB/s" or seconds <= 0 or not size.get("bytes"):
+    size = Size.of(size)
+    seconds = (size.time_us(role) or 0) * 1e-6
+    if size.unit != "GB/s" or seconds <= 0 or not size.bytes:
         return None, None
-    algbw = size["bytes"] / seconds / 1e9
-    return algbw, size.get(f"value_{role}") if size.get("metric") == "busbw" else None
+    algbw = size.bytes / seconds / 1e9
+    return algbw, size.value(role) if size.metric == "busbw" else None
 
 
-def size_rows(records: list[dict]) -> list[list[str]]:
+def size_rows(records: Records) -> list[list[str]]:
     """Per size of every passing, timed item with a bandwidth metric, the nccl-tests columns
     (size, count, type, time, algbw, busbw) of the solution and the reference's time and
     busbw (algbw where the task names no busbw) beside them, and the speedup."""
     rows = []
-    for r in sorted(records, key=lambda r: r["nodeid"]):
-        if r["verdict"] != Verdict.PASS or r.get("check_only"):
+    for r in sorted(as_lines(records), key=lambda r: r.item.nodeid):
+        if not r.passed or r.result.check_only:
             continue
-        for sz in r.get("sizes", []):
+        for sz in r.result.sizes:
             algbw, busbw = bandwidths(sz)
             if algbw is None:
                 continue
             ref_alg, ref_bus = bandwidths(sz, "ref")
-            rows.append([r["task"], r.get("world", ""), sz.get("bytes"), sz.get("count"),
-                         sz.get("dtype"), _num(sz.get("t_sol_us"), 2), _num(algbw, 2),
-                         _num(busbw, 2), _num(sz.get("t_ref_us"), 2),
+            rows.append([r.item.task, _world(r), sz.bytes, sz.count,
+                         sz.dtype, _num(sz.t_sol_us, 2), _num(algbw, 2),
+                         _num(busbw, 2), _num(sz.t_ref_us, 2),
                          _num(ref_bus if busbw is not None else ref_alg, 2),
-                         _num(sz.get("speedup"))])
+                         _num(sz.speedup)])
     return rows
 
 
@@ -206,17 +225,17 @@ def _ci(iv: list[float] | None) -> str:
     return "" if not iv else f" (90% CI {iv[0]:.3f}-{iv[1]:.3f})"
 
 
-def speed_readable(solutions: list[dict]) -> bool | None:
+def speed_readable(solutions: Records) -> bool | None:
     """Whether the run's speedup scores say anything: None where no passing item was timed,
     False where every timed pass was timed on a contended host."""
-    timed = [r for r in solutions if r["verdict"] == Verdict.PASS and r.get("speedup")
-             is not None and not r.get("check_only")]
+    timed = [r for r in as_lines(solutions) if r.passed and r.result.speedup is not None
+             and not r.result.check_only]
     if not timed:
         return None
-    return not all(r.get("timing_trust") == "contended" for r in timed)
+    return not all(r.result.timing_trust == "contended" for r in timed)
 
 
-def headline(solutions: list[dict], s) -> list[str]:
+def headline(solutions: Records, s) -> list[str]:
     """The scores' line, leading with what the run measured: correctness alone where nothing
     was timed (check-only), the speedup scores left out with the reason where every passing
     item was timed on a contended host (PASS+Good and GM-Speedup would be numbers the
@@ -237,18 +256,19 @@ def headline(solutions: list[dict], s) -> list[str]:
             f"Pass x GM {_num(s.pass_x_gm)}{_ci(s.pass_x_gm_ci90)}   {price}{rest}"]
 
 
-def render(records: list[dict], write_line: WriteLine, write_sep: WriteSep,
+def render(records: Records, write_line: WriteLine, write_sep: WriteSep,
            header: str = "commbench") -> None:
-    solutions = [r for r in records if r.get("kind", "solution") == "solution"]
-    mutants = [r for r in records if r.get("kind") == "mutant"]
+    records = as_lines(records)
+    solutions = [r for r in records if r.is_solution]
+    mutants = [r for r in records if r.item.kind == "mutant"]
     write_sep("=", header)
-    skipped = [r for r in records if r["verdict"] == Verdict.SKIPPED]
-    solutions = [r for r in solutions if r["verdict"] != Verdict.SKIPPED]
-    mutants = [r for r in mutants if r["verdict"] != Verdict.SKIPPED]
+    skipped = [r for r in records if r.verdict == Verdict.SKIPPED]
+    solutions = [r for r in solutions if r.verdict != Verdict.SKIPPED]
+    mutants = [r for r in mutants if r.verdict != Verdict.SKIPPED]
     if skipped:
         reasons: dict[str, int] = {}
         for r in skipped:
-            reasons[r.get("message", "")] = reasons.get(r.get("message", ""), 0) + 1
+            reasons[r.result.message] = reasons.get(r.result.message, 0) + 1
         write_line(f"{len(skipped)} items skipped: "
                    + "; ".join(f"{n} x {why}" for why, n in sorted(reasons.items())))
     if solutions:
@@ -257,14 +277,14 @@ def render(records: list[dict], write_line: WriteLine, write_sep: WriteSep,
                                   "band", "per size (count:speedup)"])
         for line in table.splitlines():
             write_line(line)
-        shared = [r for r in solutions if r.get("timing_trust") == "shared"
-                  or str((r.get("fingerprint") or {}).get("placement", "")).startswith("shared")]
+        shared = [r for r in solutions if r.result.timing_trust == "shared"
+                  or r.placement.startswith("shared")]
         if shared:
             write_line("ranks shared GPUs (--commbench-ranks-per-gpu): verdicts hold, but the "
                        "timings are of ranks sharing one device, not NVLink figures")
-        built = [r for r in solutions if r.get("compile_only")]
+        built = [r for r in solutions if r.result.compile_only]
         if built:
-            ok = sum(1 for r in built if r["verdict"] == Verdict.PASS)
+            ok = sum(1 for r in built if r.passed)
             write_line(f"compile only (--commbench-compile-only): {ok} of {len(built)} answers "
                        "built, none ran; they are not counted in the scores below")
         sized = size_rows(solutions)
@@ -299,7 +319,7 @@ def render(records: list[dict], write_line: WriteLine, write_sep: WriteSep,
                 f"pass@{k} {_pct(v)}" for k, v in ks))
         by_round = passes_by_round(solutions)
         if by_round:
-            step = "agent iteration" if any(r.get("agent") for r in solutions) else \
+            step = "agent iteration" if any(r.item.agent for r in solutions) else \
                 "refinement round"
             write_line(f"tasks passed by {step} (cumulative): " + ", ".join(
                 f"r{r}: {n}" for r, n in by_round) + f" of {s.applicable}")
@@ -314,19 +334,20 @@ def render(records: list[dict], write_line: WriteLine, write_sep: WriteSep,
     if mutants:
         if solutions:
             write_line("")
-        judged = [r for r in mutants if r["verdict"] not in MUTANT_UNJUDGED]
-        rejected = sum(1 for r in judged if r["verdict"] != Verdict.PASS)
-        survived = [r for r in judged if r["verdict"] == Verdict.PASS]
+        judged = [r for r in mutants if r.verdict not in MUTANT_UNJUDGED]
+        rejected = sum(1 for r in judged if not r.passed)
+        survived = [r for r in judged if r.passed]
         unjudged = len(mutants) - len(judged)
-        rows = [[r["task"], r.get("world", ""), r["candidate"], r["verdict"],
-                 "SURVIVED" if r["verdict"] == Verdict.PASS else "rejected"]
-                for r in sorted(mutants, key=lambda r: r["nodeid"])]
+        rows = [[r.item.task, _world(r), r.item.candidate, r.verdict,
+                 "SURVIVED" if r.passed else "rejected"]
+                for r in sorted(mutants, key=lambda r: r.item.nodeid)]
         for line in tabulate(rows, headers=["task", "np", "mutant", "verdict", "checker"]).splitlines():
             write_line(line)
         write_line("")
         write_line(f"mutants rejected: {rejected}/{len(judged)}"
                    + (f" ({unjudged} not run: skipped, infra error or aborted)" if unjudged else "")
-                   + (f"; SURVIVED: {', '.join(r['nodeid'] for r in survived)}" if survived else ""))
+                   + (f"; SURVIVED: {', '.join(r.item.nodeid for r in survived)}" if survived
+                      else ""))
 
 
 def comparison_markdown(cmp: Comparison, a: str, b: str) -> str:

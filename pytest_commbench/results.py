@@ -24,45 +24,32 @@ import atexit
 import errno
 import fcntl
 import json
-import math
 import os
 import socket
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-MESSAGE_CHARS = 2000  # a one-line summary
-TEXT_CHARS = 8000  # detail, output, tracebacks and anything else
-LIMITS = {"message": MESSAGE_CHARS, "headline": MESSAGE_CHARS}
-# fields whose end says most (the last lines of a traceback or of the ranks' output)
-TAILS = frozenset({"detail", "output", "traceback", "stderr", "stdout"})
-ABORTED = "aborted"  # the verdict of an item that started and never ended
+from .record import (
+    ABORTED,
+    MESSAGE_CHARS,
+    RESULT,
+    STARTED,
+    TEXT_CHARS,
+    RecordError,
+    ResultLine,
+    as_lines,
+    cap,
+    cap_text,
+    looks_like_line,
+    problem,
+)
 
-
-def cap_text(text: str, limit: int, tail: bool = False) -> str:
-    """`text` in at most `limit` characters, saying how much was cut (idempotent)."""
-    if len(text) <= limit:
-        return text
-    keep = max(0, limit - 64)  # room for the note
-    note = f"[... {len(text) - keep:,} characters cut ...]"
-    if tail:
-        return f"{note}\n{text[len(text) - keep:]}"[-limit:] if keep else note[:limit]
-    return f"{text[:keep]}\n{note}"[:limit]
-
-
-def cap(value: Any, key: str | None = None) -> Any:
-    """A copy of a record with every string (values, keys, nested) capped by its field."""
-    if isinstance(value, str):
-        return cap_text(value, LIMITS.get(key or "", TEXT_CHARS), tail=key in TAILS)
-    if isinstance(value, dict):
-        return {cap_text(str(k), TEXT_CHARS): cap(v, str(k)) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [cap(v, key) for v in value]
-    if value is None or isinstance(value, (bool, int, float)):
-        return value
-    return cap(str(value), key)  # what json would have written with default=str
+# the caps of a line's strings are the record layer's (re-exported for the log's users)
+__all__ = ["ABORTED", "MESSAGE_CHARS", "TEXT_CHARS", "cap", "cap_text", "ResultsLog", "RunLock",
+           "RunBusy", "entries", "finished", "load", "merge", "problem"]
 
 
 # a write that fails for want of room: the line waits for the next write
@@ -77,10 +64,10 @@ class ResultsLog:
         self._retry_registered = False
         self._warned = False
 
-    def write(self, entry: dict[str, Any]) -> None:
-        """Append one line; on a full disk keep it (and say so on stderr) and write it before
-        the next line or at exit. Other errors are raised, the log left as it was."""
-        self.pending.append((json.dumps(cap(entry), sort_keys=True) + "\n").encode())
+    def write(self, line: ResultLine | Mapping[str, Any]) -> None:
+        """Append one line (capped); on a full disk keep it (and say so on stderr) and write
+        it before the next line or at exit. Other errors are raised, the log left as it was."""
+        self.pending.append((ResultLine.of(line).dumps() + "\n").encode())
         self.flush()
 
     def flush(self) -> bool:
@@ -181,58 +168,9 @@ def _recover(raw: bytes) -> dict | None:
     while at > 0:
         if raw[at - 1:at] not in (b" ", b"["):
             entry = _parse(raw[at:])
-            if entry is not None and entry.get("event") in ("started", "result") and \
-                    isinstance(entry.get("nodeid"), str):
+            if looks_like_line(entry):
                 return entry
         at = raw.find(b'{"', at + 1)
-    return None
-
-
-def _number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and \
-        math.isfinite(value)
-
-
-# a record's fields that reports, boards and resumes compute with: key -> (what it must be,
-# the test); absent keys are fine (older logs, items that ended early)
-_FIELDS: dict[str, tuple[str, Callable[[Any], bool]]] = {
-    "task": ("a string", lambda v: isinstance(v, str) and v != ""),
-    "model": ("a string", lambda v: isinstance(v, str)),
-    "verdict": ("a string", lambda v: isinstance(v, str) and v != ""),
-    "world": ("a whole number of ranks (1 or more)",
-              lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1),
-    "speedup": ("a finite positive number or null", lambda v: v is None or _number(v) and v > 0),
-    "speedup_se": ("a finite number or null", lambda v: v is None or _number(v) and v >= 0),
-    "speedup_ci90": ("null or two finite numbers", lambda v: v is None or (
-        isinstance(v, list) and len(v) == 2 and all(_number(x) for x in v))),
-    "cost": ("a finite number of dollars (0 or more) or null",
-             lambda v: v is None or _number(v) and v >= 0),
-    "budget_usd": ("a finite number of dollars (0 or more) or null",
-                   lambda v: v is None or _number(v) and v >= 0),
-    "tokens_in": ("a whole number (0 or more)",
-                  lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0),
-    "tokens_out": ("a whole number (0 or more)",
-                   lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0),
-    "duration_s": ("a finite number of seconds (0 or more)", lambda v: _number(v) and v >= 0),
-    "sizes": ("a list of objects", lambda v: isinstance(v, list) and all(
-        isinstance(x, dict) for x in v)),
-    "message": ("a string", lambda v: isinstance(v, str)),
-    "fingerprint": ("an object", lambda v: isinstance(v, dict)),
-}
-
-
-def problem(entry: dict[str, Any]) -> str | None:
-    """Why a parsed line is no record a report or a resume can use (None: it is one)."""
-    event = entry.get("event")
-    if event not in ("started", "result"):
-        return f"'event' is {event!r}, not 'started' or 'result'"
-    if not isinstance(entry.get("nodeid"), str) or not entry["nodeid"]:
-        return "no 'nodeid' (the item it is about)"
-    if event == "result" and "verdict" not in entry:
-        return "a result without a 'verdict'"
-    for key, (what, ok) in _FIELDS.items():
-        if key in entry and not ok(entry[key]):
-            return f"{key!r} is {str(entry[key])[:60]!r}, not {what}"
     return None
 
 
@@ -338,11 +276,12 @@ def _holder(fd: int) -> str:
 
 
 def entries(path: Path, upto: int | None = None,
-            skipped: Callable[[Path, int, str], None] | None = _say_skipped):
-    """The records of a log (the first `upto` bytes of it): a line cut short by a crash is
-    skipped (never an item's record, and a whole one glued after it is found again); a line
-    that parses but is no usable record is skipped and reported to `skipped` (file, line
-    number, why; by default a line on stderr)."""
+            skipped: Callable[[Path, int, str], None] | None = _say_skipped
+            ) -> Iterator[ResultLine]:
+    """The lines of a log (the first `upto` bytes of it), typed: a line cut short by a crash
+    is skipped (never an item's record, and a whole one glued after it is found again); a
+    line that parses but is no usable record (`record.problem`) is skipped and reported to
+    `skipped` (file, line number, why; by default a line on stderr)."""
     with open(path, "rb") as f:
         data = f.read() if upto is None else f.read(upto)
     lines = data.split(b"\n")
@@ -359,45 +298,39 @@ def entries(path: Path, upto: int | None = None,
                 if skipped is not None and number < len(lines):
                     skipped(path, number, _unreadable(raw))
                 continue
-        why = problem(entry)
-        if why is not None:
+        try:
+            yield ResultLine.read(entry)
+        except RecordError as why:
             if skipped is not None:
-                skipped(path, number, why)
-            continue
-        yield entry
+                skipped(path, number, str(why))
 
 
-def finished(path: Path, upto: int | None = None) -> dict[str, dict[str, Any]]:
+def finished(path: Path, upto: int | None = None) -> dict[str, ResultLine]:
     """The result line of every item that ended, by node id (the last one wins)."""
-    return {e["nodeid"]: e for e in entries(path, upto) if e.get("event") == "result"}
+    return {e.item.nodeid: e for e in entries(path, upto) if e.event == RESULT}
 
 
-def load(path: Path) -> list[dict[str, Any]]:
+def load(path: Path) -> list[ResultLine]:
     """Final records, one per node id (the last result wins); an item that started and never
     finished comes back with verdict "aborted" (a failure of the model: see scoring)."""
-    results: dict[str, dict] = {}
-    started: dict[str, dict] = {}
+    results: dict[str, ResultLine] = {}
+    started: dict[str, ResultLine] = {}
     for entry in entries(path):
-        key = entry["nodeid"]
-        if entry.get("event") == "started":
-            started[key] = entry
-        elif entry.get("event") == "result":
-            results[key] = entry
+        (started if entry.event == STARTED else results)[entry.item.nodeid] = entry
     for key, entry in started.items():
         if key not in results:
-            results[key] = {**entry, "event": "result", "verdict": ABORTED,
-                            "message": "the item started and never finished"}
+            results[key] = entry.aborted()
     return list(results.values())
 
 
-def merge(records_in_order) -> list[dict[str, Any]]:
+def merge(records_in_order: Iterable[ResultLine | Mapping[str, Any]]) -> list[ResultLine]:
     """One record per (model, node id) from records of several logs in the order given: a
     later result replaces an earlier one; an "aborted" one only stands where no log has a
     result for the item."""
-    merged: dict[tuple[str, str], dict[str, Any]] = {}
-    for record in records_in_order:
-        key = (str(record.get("model", "?")), str(record.get("nodeid")))
-        if record.get("verdict") == ABORTED and key in merged:
+    merged: dict[tuple[str, str], ResultLine] = {}
+    for record in as_lines(records_in_order):
+        key = (str(record.item.model or "?"), str(record.item.nodeid))
+        if record.verdict == ABORTED and key in merged:
             continue
         merged[key] = record
     return list(merged.values())

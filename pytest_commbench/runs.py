@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import shards
+from .record import Identity, ResultLine
 from .results import load
 from .verdicts import Verdict
 
@@ -28,7 +29,7 @@ LOG = "results.jsonl"
 @dataclass
 class Run:
     folder: Path
-    records: list[dict]
+    records: list[ResultLine]
     info: dict = field(default_factory=dict)  # run.json
 
     @property
@@ -37,12 +38,12 @@ class Run:
 
     @property
     def run_id(self) -> str:
-        ids = sorted({str(r["run"]) for r in self.records if r.get("run")})
+        ids = sorted({str(r.item.run) for r in self.records if r.item.run})
         return str(self.info.get("run") or (ids[0] if ids else self.folder.name))
 
     @property
     def models(self) -> list[str]:
-        found = sorted({str(r.get("model")) for r in self.records if r.get("model")})
+        found = sorted({str(r.item.model) for r in self.records if r.item.model})
         return found or ([str(self.info["model"])] if self.info.get("model") else [])
 
     @property
@@ -50,19 +51,19 @@ class Run:
         """When the run began (run.json, else its first item), as ISO text; '' if unknown."""
         if self.info.get("started"):
             return str(self.info["started"])
-        times = sorted(str(r["started"]) for r in self.records if r.get("started"))
+        times = sorted(str(r.started) for r in self.records if r.started)
         return times[0] if times else ""
 
     @property
     def platform(self) -> str:
-        found = sorted({str(r["platform"]) for r in self.records if r.get("platform")})
+        found = sorted({str(r.item.platform) for r in self.records if r.item.platform})
         return ", ".join(found) or str(self.info.get("platform") or "-")
 
     @property
     def seed(self):
         if self.info.get("seed") is not None:
             return self.info["seed"]
-        return next((r["seed"] for r in self.records if r.get("seed") is not None), None)
+        return next((r.seed for r in self.records if r.seed is not None), None)
 
     @property
     def label(self) -> str | None:
@@ -79,20 +80,20 @@ class Run:
     @property
     def ran(self) -> int:
         """Items that ran: every item with a record but the skipped ones."""
-        return sum(1 for r in self.records if r.get("verdict") != Verdict.SKIPPED)
+        return sum(1 for r in self.records if r.verdict != Verdict.SKIPPED)
 
     @property
     def passes(self) -> int:
-        return sum(1 for r in self.records if r.get("verdict") == Verdict.PASS
-                   and r.get("kind", "solution") == "solution")
+        return sum(1 for r in self.records if r.passed and r.is_solution)
 
     @property
     def key(self) -> tuple:
         """The entry of a leaderboard this run feeds: its models, configuration and label."""
-        first = next((r for r in self.records if r.get("kind", "solution") == "solution"),
-                     self.records[0] if self.records else {})
-        return (tuple(self.models), first.get("refine_rounds"), first.get("budget_usd"),
-                first.get("agent"), bool(first.get("hints")), self.label)
+        first = next((r for r in self.records if r.is_solution),
+                     self.records[0] if self.records else None)
+        item = first.item if first is not None else Identity()
+        return (tuple(self.models), item.refine_rounds, item.budget_usd, item.agent,
+                bool(item.hints), self.label)
 
     def order(self) -> tuple:
         """Newest last: by start, then by the log's modification time."""

@@ -16,11 +16,15 @@
 from __future__ import annotations
 
 import math
-import re
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, replace
+from typing import Any
 
+from .record import ResultLine, as_lines
 from .verdicts import Verdict
+
+#: what the scores read: typed lines, or their JSON (read as lines)
+Records = Iterable[ResultLine | Mapping[str, Any]]
 
 GOOD = 0.95
 FAST_P = (0.0, 1.0, 1.5)  # KernelBench's thresholds of fast_p
@@ -46,11 +50,12 @@ TRUST_ORDER = ("ok", "noisy", "contended", "shared")
 UNBANDED = ("contended", "shared")
 
 
-def scored(record: dict) -> bool:
+def scored(record: ResultLine | Mapping[str, Any]) -> bool:
     """Does the record count in the scores? Not where the platform could not run the task or
     the harness failed, and not an answer of a compile-only run (`--commbench-compile-only`:
     it was built, never run, so neither its builds nor its compile errors are a Pass Rate)."""
-    return record["verdict"] not in NOT_APPLICABLE and not record.get("compile_only")
+    r = ResultLine.of(record)
+    return r.verdict not in NOT_APPLICABLE and not r.result.compile_only
 
 
 def band(speedup: float | None, interval: list[float] | None = None,
@@ -73,8 +78,9 @@ def band(speedup: float | None, interval: list[float] | None = None,
     return BANDS[-1][1]
 
 
-def record_band(record: dict) -> str:
-    return band(record.get("speedup"), record.get("speedup_ci90"), record.get("timing_trust"))
+def record_band(record: ResultLine | Mapping[str, Any]) -> str:
+    a = ResultLine.of(record).result
+    return band(a.speedup, a.speedup_ci90, a.timing_trust)
 
 
 def _combine(speedups: list[float], intervals: list) -> list[float] | None:
@@ -113,16 +119,16 @@ class Scores:
     fast: tuple[tuple[float, float | None], ...] = ()
 
 
-def per_task(records: Iterable[dict]) -> list[dict]:
+def per_task(records: Records) -> list[ResultLine]:
     """One record per task (and candidate) from its items' records, one per world size: the
     paper scores tasks, not world sizes. Not applicable when no world size is; else it passes
     when every applicable world size passed (its verdict is otherwise the first failing
     one's), its speedup is the geometric mean of theirs, its cost the sum (an answer's cost is
     counted by the item that asked for it)."""
-    groups: dict[tuple, list[dict]] = {}
-    for r in records:
-        key = r.get("task") or r.get("nodeid") or id(r)  # a record of no task: its own
-        groups.setdefault((r.get("model", ""), key, r.get("candidate", "")), []).append(r)
+    groups: dict[tuple, list[ResultLine]] = {}
+    for r in as_lines(records):
+        key = r.item.task or r.item.nodeid or id(r)  # a record of no task: its own
+        groups.setdefault((r.item.model or "", key, r.item.candidate), []).append(r)
     out = []
     for items in groups.values():
         if len(items) == 1:
@@ -130,64 +136,66 @@ def per_task(records: Iterable[dict]) -> list[dict]:
             continue
         applicable = [r for r in items if scored(r)]
         first = (applicable or items)[0]
-        failing = [r for r in applicable if r["verdict"] != Verdict.PASS]
-        task = dict(first)
-        task["worlds"] = sorted(r.get("world") for r in items if r.get("world") is not None)
-        task["cost"] = sum(float(r.get("cost") or 0.0) for r in items)
+        failing = [r for r in applicable if r.verdict != Verdict.PASS]
+        a = first.result
+        worlds = tuple(sorted(r.item.world for r in items if r.item.world is not None))
+        usage = a.usage.evolve(cost=sum(r.result.usage.dollars for r in items))
         if not applicable:
-            out.append(task)
+            out.append(replace(first, worlds=worlds, attempt=replace(a, usage=usage)))
             continue
         if failing:
-            task.update(verdict=failing[0]["verdict"], message=failing[0].get("message", ""),
-                        speedup=None)
+            a = a.evolve(verdict=failing[0].verdict, message=failing[0].result.message,
+                         speedup=None)
         else:
-            task.update(verdict="pass", speedup=geomean(r.get("speedup") for r in applicable))
-            trusts = [r["timing_trust"] for r in applicable if r.get("timing_trust")]
+            trusts = [r.result.timing_trust for r in applicable if r.result.timing_trust]
+            a = a.evolve(verdict=Verdict.PASS.value,
+                         speedup=geomean(r.result.speedup for r in applicable))
             if trusts:
-                task["timing_trust"] = max(trusts, key=lambda t: TRUST_ORDER.index(t)
-                                           if t in TRUST_ORDER else len(TRUST_ORDER))
-            if task["speedup"] is not None and trusts:
-                task["speedup_ci90"] = _combine([r["speedup"] for r in applicable],
-                                                [r.get("speedup_ci90") for r in applicable])
-        out.append(task)
+                a = replace(a, timing_trust=max(trusts, key=lambda t: TRUST_ORDER.index(t)
+                                                if t in TRUST_ORDER else len(TRUST_ORDER)))
+            if a.speedup is not None and trusts:
+                a = replace(a, speedup_ci90=_combine([r.result.speedup for r in applicable],
+                                                     [r.result.speedup_ci90
+                                                      for r in applicable]))
+        out.append(replace(first, worlds=worlds, attempt=replace(a, usage=usage)))
     return out
 
 
-def cost_known(record: dict) -> bool:
+def cost_known(record: ResultLine | Mapping[str, Any]) -> bool:
     """Whether a record's cost is known: it names the price it was computed with, or it cost
     something (older logs name no price). A model with no price (or no token accounting, as
     the built-in ones) records a cost of 0, which is no price of $0."""
-    return bool(record.get("price_source")) or float(record.get("cost") or 0.0) > 0
+    return ResultLine.of(record).result.usage.known
 
 
-def fast_p(tasks: list[dict], thresholds: Iterable[float] = FAST_P
+def fast_p(tasks: Records, thresholds: Iterable[float] = FAST_P
            ) -> tuple[tuple[float, float | None], ...]:
     """KernelBench's fast_p over the applicable tasks (one record per task, as `per_task`
     gives them): the share that pass with a speedup above p. None where no passing task has a
     speedup (a check-only run measured none: a zero would say every answer was slow)."""
-    applicable = [t for t in tasks if scored(t)]
-    timed = [t for t in applicable if t["verdict"] == Verdict.PASS and _timed(t)]
+    applicable = [t for t in as_lines(tasks) if scored(t)]
+    timed = [t for t in applicable if t.passed and t.result.timed]
     if not applicable or not timed:
         return tuple((p, None) for p in thresholds)
-    return tuple((p, sum(1 for t in timed if t["speedup"] > p) / len(applicable))
+    return tuple((p, sum(1 for t in timed if t.result.speedup > p) / len(applicable))
                  for p in thresholds)
 
 
-def score(records: Iterable[dict]) -> Scores:
+def score(records: Records) -> Scores:
     """Scores over solution records (mutant records are the checker's test, not a model's),
     task by task as the paper scores them (`per_task`: a task's world sizes are one result)."""
-    solutions = [r for r in records if r.get("kind", "solution") == "solution"]
+    solutions = [r for r in as_lines(records) if r.is_solution]
     recs = per_task(solutions)
     applicable = [r for r in recs if scored(r)]
-    passes = [r for r in applicable if r["verdict"] == Verdict.PASS]
-    good = [r for r in passes if r.get("speedup") is not None and r["speedup"] >= GOOD]
+    passes = [r for r in applicable if r.passed]
+    good = [r for r in passes if r.result.speedup is not None and r.result.speedup >= GOOD]
     n = len(applicable)
     pass_rate = len(passes) / n if n else None
-    gm = geomean(r.get("speedup") for r in passes)
-    timed = [r for r in passes if r.get("speedup") is not None]
-    gm_ci = _combine([r["speedup"] for r in timed], [r.get("speedup_ci90") for r in timed])
-    costs = [float(r.get("cost") or 0.0) for r in applicable]
-    priced = any(cost_known(r) for r in solutions if scored(r))
+    gm = geomean(r.result.speedup for r in passes)
+    timed = [r for r in passes if r.result.speedup is not None]
+    gm_ci = _combine([r.result.speedup for r in timed], [r.result.speedup_ci90 for r in timed])
+    costs = [r.result.usage.dollars for r in applicable]
+    priced = any(r.result.usage.known for r in solutions if scored(r))
     return Scores(
         applicable=n,
         passes=len(passes),
@@ -205,10 +213,12 @@ def score(records: Iterable[dict]) -> Scores:
     )
 
 
-def breakdown(records: Iterable[dict], key: str) -> list[tuple[str, Scores]]:
-    groups: dict[str, list[dict]] = {}
-    for r in records:
-        groups.setdefault(str(r.get(key, "")), []).append(r)
+def breakdown(records: Records, key: str) -> list[tuple[str, Scores]]:
+    """Scores per value of one of the tasks' dimensions (category, difficulty, setup,
+    library)."""
+    groups: dict[str, list[ResultLine]] = {}
+    for r in as_lines(records):
+        groups.setdefault(str(r.item.of(key)), []).append(r)
     return [(k, score(v)) for k, v in sorted(groups.items())]
 
 
@@ -250,12 +260,7 @@ class Intervals:
     level: float = LEVEL
 
 
-def _timed(r: dict) -> bool:
-    s = r.get("speedup")
-    return s is not None and s > 0 and math.isfinite(s)
-
-
-def bootstrap(records: Iterable[dict], resamples: int = RESAMPLES, seed: int = BOOTSTRAP_SEED,
+def bootstrap(records: Records, resamples: int = RESAMPLES, seed: int = BOOTSTRAP_SEED,
               level: float = LEVEL) -> Intervals:
     """Intervals of Pass Rate, PASS+Good, GM-Speedup and Pass x GM over tasks: the applicable
     tasks are drawn with replacement `resamples` times (a task's samples go together) and each
@@ -264,24 +269,24 @@ def bootstrap(records: Iterable[dict], resamples: int = RESAMPLES, seed: int = B
     fixed seed). A draw in which nothing passes has Pass x GM 0."""
     import numpy as np
 
-    records = [r for r in records if r.get("kind", "solution") == "solution"]
+    records = [r for r in as_lines(records) if r.is_solution]
     point = score(records)
-    clusters: dict[object, list[dict]] = {}
+    clusters: dict[object, list[ResultLine]] = {}
     for t in per_task(records):
         if scored(t):
-            clusters.setdefault(t.get("task") or t.get("nodeid") or id(t), []).append(t)
+            clusters.setdefault(t.item.task or t.item.nodeid or id(t), []).append(t)
     n = len(clusters)
     if n == 0:
         return Intervals(None, None, None, None, 0, resamples, seed, level)
     groups = list(clusters.values())
     applicable = np.array([len(g) for g in groups], dtype=float)
-    passes = np.array([sum(t["verdict"] == Verdict.PASS for t in g) for g in groups], dtype=float)
-    good = np.array([sum(t["verdict"] == Verdict.PASS and t.get("speedup") is not None
-                         and t["speedup"] >= GOOD for t in g) for g in groups], dtype=float)
-    timed = np.array([sum(t["verdict"] == Verdict.PASS and _timed(t) for t in g) for g in groups],
+    passes = np.array([sum(t.passed for t in g) for g in groups], dtype=float)
+    good = np.array([sum(t.passed and t.result.speedup is not None
+                         and t.result.speedup >= GOOD for t in g) for g in groups], dtype=float)
+    timed = np.array([sum(t.passed and t.result.timed for t in g) for g in groups],
                      dtype=float)
-    logs = np.array([sum(math.log(t["speedup"]) for t in g
-                         if t["verdict"] == Verdict.PASS and _timed(t)) for g in groups])
+    logs = np.array([sum(math.log(t.result.speedup) for t in g
+                         if t.passed and t.result.timed) for g in groups])
     draws = np.random.default_rng(seed).integers(0, n, size=(resamples, n))
     a, p, g_, k, lg = (x[draws].sum(axis=1) for x in (applicable, passes, good, timed, logs))
     pass_rate, pass_good = p / a, g_ / a
@@ -306,14 +311,13 @@ def bootstrap(records: Iterable[dict], resamples: int = RESAMPLES, seed: int = B
 
 # -- samples and rounds ----------------------------------------------------------------------
 
-def pass_at_ks(records: list[dict]) -> list[tuple[int, float]]:
+def pass_at_ks(records: Records) -> list[tuple[int, float]]:
     """pass@k for every k up to the samples per task (unbiased estimator, mean over the
     applicable tasks); empty where there was one sample per task."""
     samples: dict[str, list[bool]] = {}
     for t in per_task(records):
-        if re.fullmatch(r"s\d+", str(t.get("candidate", ""))) and \
-                scored(t):
-            samples.setdefault(t.get("task"), []).append(t["verdict"] == Verdict.PASS)
+        if t.item.sample is not None and scored(t):
+            samples.setdefault(t.item.task, []).append(t.passed)
     if not samples:
         return []
     most = min(len(v) for v in samples.values())
@@ -321,39 +325,40 @@ def pass_at_ks(records: list[dict]) -> list[tuple[int, float]]:
             for k in range(1, most + 1)]
 
 
-def passes_by_round(records: list[dict]) -> list[tuple[int, int]]:
+def passes_by_round(records: Records) -> list[tuple[int, int]]:
     """Cumulative task passes after each refinement round (the paper's Table 3); empty where
     no record went through rounds. A task passes in round r when every applicable world size
     had passed by then; a task is one model's (records of several models are several tasks,
     as `per_task` counts them)."""
-    rounds = max((len(r.get("round_history") or []) for r in records), default=0)
+    records = as_lines(records)
+    rounds = max((len(r.result.round_history or ()) for r in records), default=0)
     if rounds == 0:
         return []
-    tasks: dict[tuple, list[dict]] = {}
+    tasks: dict[tuple, list[ResultLine]] = {}
     for r in records:
         if scored(r):
-            tasks.setdefault((r.get("model", ""), r.get("task"), r.get("candidate", "")),
+            tasks.setdefault((r.item.model or "", r.item.task, r.item.candidate),
                              []).append(r)
     out = []
     for n in range(1, rounds + 1):
         out.append((n, sum(1 for items in tasks.values() if all(
-            r.get("round") is not None and r["round"] <= n for r in items))))
+            r.result.round is not None and r.result.round <= n for r in items))))
     return out
 
 
-def best_of_samples(records: list[dict]) -> list[dict]:
+def best_of_samples(records: Records) -> list[ResultLine]:
     """Per task (and model), its samples' best result: the fastest passing sample (a pass
     without a speedup counts below any timed one), else the first sample's. What K
     independent agent runs give a task (`--commbench-samples K`); records of one sample per
     task come back as they are, task by task."""
-    groups: dict[tuple, list[dict]] = {}
+    groups: dict[tuple, list[ResultLine]] = {}
     for t in per_task(records):
-        groups.setdefault((t.get("model", ""), t.get("task") or t.get("nodeid")), []).append(t)
+        groups.setdefault((t.item.model or "", t.item.task or t.item.nodeid), []).append(t)
     out = []
     for runs in groups.values():
-        passing = [t for t in runs if t["verdict"] == Verdict.PASS]
-        best = max(passing, key=lambda t: t.get("speedup") or 0.0) if passing else \
-            sorted(runs, key=lambda t: str(t.get("candidate", "")))[0]
+        passing = [t for t in runs if t.passed]
+        best = max(passing, key=lambda t: t.result.speedup or 0.0) if passing else \
+            sorted(runs, key=lambda t: str(t.item.candidate))[0]
         out.append(best)
     return out
 
@@ -365,13 +370,12 @@ OUTCOMES = ("pass", "wrong_answer", "compile_error", "runtime_error", "timeout",
             "tampered", "no_solution", "truncated", "aborted", "infra_error", "skipped")
 
 
-def outcomes(records: Iterable[dict]) -> dict[str, int]:
+def outcomes(records: Records) -> dict[str, int]:
     """A failure anatomy: how many items ended in each outcome (every outcome of OUTCOMES,
     zeros included, then any other a record names)."""
     counts = dict.fromkeys(OUTCOMES, 0)
-    for r in records:
-        verdict = str(r.get("verdict") or "aborted")
-        counts[verdict] = counts.get(verdict, 0) + 1
+    for r in as_lines(records):
+        counts[r.verdict] = counts.get(r.verdict, 0) + 1
     return counts
 
 
@@ -390,32 +394,28 @@ class Comparison:
     removed: list[str]  # items only in A
 
 
-def _by_item(records: Iterable[dict]) -> dict[str, dict]:
-    out = {}
-    for r in records:
-        key = str(r.get("nodeid") or r.get("task"))
-        if r.get("candidate"):
-            key += f" {r['candidate']}"
-        out[key] = r  # the later record of an item wins, as in a report
-    return out
+def _by_item(records: Records) -> dict[str, ResultLine]:
+    # the later record of an item wins, as in a report
+    return {r.item.key: r for r in as_lines(records)}
 
 
-def compare(a: Iterable[dict], b: Iterable[dict]) -> Comparison:
+def compare(a: Records, b: Records) -> Comparison:
     """Run A against run B: verdict changes, speedups that moved beyond both intervals, items
     new in B and items B no longer has."""
     ra, rb = _by_item(a), _by_item(b)
     verdicts, moved, steady = [], [], 0
     for item in sorted(set(ra) & set(rb)):
         x, y = ra[item], rb[item]
-        vx, vy = str(x.get("verdict") or "aborted"), str(y.get("verdict") or "aborted")
+        vx, vy = x.verdict, y.verdict
         if vx != vy:
             verdicts.append((item, vx, vy))
             continue
-        if vx != Verdict.PASS or x.get("speedup") is None or y.get("speedup") is None:
+        sx, sy = x.result.speedup, y.result.speedup
+        if vx != Verdict.PASS or sx is None or sy is None:
             continue
-        ix, iy = x.get("speedup_ci90"), y.get("speedup_ci90")
+        ix, iy = x.result.speedup_ci90, y.result.speedup_ci90
         if ix and iy and (iy[0] > ix[1] or iy[1] < ix[0]):
-            moved.append((item, x["speedup"], ix, y["speedup"], iy,
+            moved.append((item, sx, list(ix), sy, list(iy),
                           "faster" if iy[0] > ix[1] else "slower"))
         else:
             steady += 1

@@ -29,8 +29,10 @@ import pytest
 
 from . import shards
 from .platforms import GENERIC, NAMES, PROFILES, detect
+from .record import ResultLine
 from .results import ResultsLog, RunBusy, RunLock, finished
 from .settings import RunSettings
+from .verdicts import Verdict
 
 STATE = pytest.StashKey["CommbenchState"]()
 RUN_FILE = "run.json"
@@ -472,7 +474,7 @@ class CommbenchState:
     known_vendors: Any = None
     agent: Any = None  # --commbench-agent: what runs a task's candidates (None: direct)
     _fingerprint: dict | None = None
-    _resumed: dict | None = field(default=None, repr=False)
+    _resumed: dict[str, ResultLine] | None = field(default=None, repr=False)
     run_lock: RunLock | None = field(default=None, repr=False)  # one session per run folder
     shard: shards.Shard | None = None  # --commbench-shard: the part of the selection run here
     run_name: str | None = None  # the name the shards of one run share
@@ -492,7 +494,7 @@ class CommbenchState:
         return self._fingerprint
 
     @property
-    def resumed(self) -> dict[str, dict]:
+    def resumed(self) -> dict[str, ResultLine]:
         """Result records the run being resumed already has, by node id (this model's only;
         an `infra_error` is no result: the machine's or the provider's fault, the item runs
         again)."""
@@ -502,8 +504,8 @@ class CommbenchState:
                 self._resumed = {
                     nodeid: record
                     for nodeid, record in finished(self.log.path, self.resume_upto).items()
-                    if record.get("model") == self.model.name
-                    and record.get("verdict") != "infra_error"
+                    if record.item.model == self.model.name
+                    and record.verdict != Verdict.INFRA_ERROR
                 }
         return self._resumed
 
@@ -617,7 +619,7 @@ def _resumed_seed(run_dir: Path, given: int | None, where: str) -> tuple[int, di
     seed = info.get("seed")
     log = run_dir / "results.jsonl"
     if seed is None and log.exists():
-        seeds = {r.get("seed") for r in finished(log).values() if r.get("seed") is not None}
+        seeds = {r.seed for r in finished(log).values() if r.seed is not None}
         seed = seeds.pop() if len(seeds) == 1 else None
     if seed is None:
         if given is None:

@@ -17,6 +17,7 @@ from pytest_commbench.engine.measure import figures, measure, trust
 from pytest_commbench.engine.refinement import feedback
 from pytest_commbench.engine.result import Usage, first_pass
 from pytest_commbench.observer import Timing
+from pytest_commbench.record import MachineLoad
 from pytest_commbench.verdicts import Rejected, Verdict
 
 CASES = ("c0", "c1")
@@ -206,11 +207,11 @@ def test_figures_and_trust_of_a_measured_item(tmp_path):
     got = measure(plan, {"ref": jobs.ref, "sol": jobs.sol}, jobs, lambda: Load())
     sizes, value = figures(plan, got)
     assert value == pytest.approx(2.0, rel=1e-6)
-    assert [s["batch"] for s in sizes] == [4, 1] and len(sizes[0]["jobs_sol_us"]) == 3
+    assert [s.batch for s in sizes] == [4, 1] and len(sizes[0].jobs_sol_us) == 3
     ci90, level = trust(sizes, value, got, shared=False)
     assert level == "ok" and ci90[0] <= value <= ci90[1]
     assert trust(sizes, value, got, shared=True)[1] == "shared"
-    got.host_load = {"contended": True}
+    got.host_load = MachineLoad(contended=True)
     assert trust(sizes, value, got, shared=False)[1] == "contended"
 
 
@@ -296,7 +297,7 @@ def test_a_speedup_series_is_ordered_as_the_jobs_ran(tmp_path):
     plan = _plan(tmp_path, timing_rounds=2, timing_max_rounds=2)
     got = measure(plan, {"ref": jobs.ref, "sol": jobs.sol}, jobs, lambda: Load())
     sizes, _ = figures(plan, got)
-    assert np.allclose(sizes[0]["jobs_ref_us"], [3000 * 1.002, 2000 * 1.002], rtol=1e-6)
+    assert np.allclose(sizes[0].jobs_ref_us, [3000 * 1.002, 2000 * 1.002], rtol=1e-6)
 
 
 def test_help_texts_take_their_defaults_from_the_option_table():

@@ -223,3 +223,19 @@ def test_the_vendor_rule_sees_a_vendor_import(tmp_path):
     for a, b in imports(pkg):
         graph.setdefault(a, set()).add(b)
     assert {"pkg.helper", "pkg.toolchains", "pkg.toolchains.nvidia"} <= reached(graph, "pkg.build")
+
+def test_the_record_layer_imports_only_the_verdicts_and_the_standard_library():
+    """Everything that writes or reads a result imports the record layer, never the other
+    way round: it may import the verdicts and the standard library, nothing else."""
+    import sys
+
+    ours = {b for (a, b) in imports(PACKAGE) if a == "pytest_commbench.record"}
+    assert ours == {"pytest_commbench.verdicts"}, ours
+    path = modules(PACKAGE)["pytest_commbench.record"]
+    outside = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            outside |= {alias.name.partition(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and not node.level:
+            outside.add((node.module or "").partition(".")[0])
+    assert outside <= set(sys.stdlib_module_names), outside - set(sys.stdlib_module_names)

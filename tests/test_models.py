@@ -383,7 +383,7 @@ def test_a_rerun_ends_the_conversation_where_it_ended_before(monkeypatch, tmp_pa
                           conversation=Conversation())
     settings = Settings(seed=1, work=tmp_path, cache=tmp_path, references=tmp_path, rounds=3)
     first = refinement.refine(None, 2, candidate, None, settings)
-    assert (asked, ends, first.round_history[-1]["round"]) == ([1, 2], {2: 2}, 2)
+    assert (asked, ends, first.round_history[-1].round) == ([1, 2], {2: 2}, 2)
     asked.clear()
     again = refinement.refine(None, 2, candidate, None, settings)
     assert asked == [1, 2] and again.rounds == 2 and again.speedup == 0.8

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 import traceback
+from types import SimpleNamespace
 
 import numpy as np
 
@@ -13,6 +14,7 @@ from .. import build, checks, regions, sandbox
 from ..checks.base import make_late
 from ..models.base import Candidate, Reply
 from ..platforms.base import Platform
+from ..record import Usage, request_limit, request_price
 from ..settings import Settings
 from ..tasks import Task
 from ..verdicts import Rejected, Verdict
@@ -28,22 +30,24 @@ def evaluate(task: Task, world: int, candidate: Candidate, platform: Platform,
     """The verdict (and, timed, the speedup) of the candidate's answer: never raises; a
     failure of the harness, the reference or the model source is an `infra_error`."""
     started = time.time()
-    # a compile-only run's answers, built or not, are never scored (scoring.scored)
-    result = ItemResult(verdict="", compile_only=settings.compile_only or None)
+    # the attempt as it is learnt (the typed result is made once, at the end); a
+    # compile-only run's answers, built or not, are never scored (scoring.scored)
+    draft = SimpleNamespace(verdict="", compile_only=settings.compile_only or None, hosts=None)
     try:
-        _run(task, world, candidate, platform, settings, result, runner)
+        _run(task, world, candidate, platform, settings, draft, runner)
     except Rejected as exc:
-        result.verdict, result.message, result.detail = exc.verdict, exc.message, exc.detail
-        result.output = exc.output or result.output
+        draft.verdict, draft.message, draft.detail = exc.verdict, exc.message, exc.detail
+        draft.output = exc.output or getattr(draft, "output", "")
     except InfraError as exc:
         message, _, detail = str(exc).partition("\n")  # the evidence, where any, after a line
-        result.verdict, result.message, result.detail = Verdict.INFRA_ERROR, message, detail
+        draft.verdict, draft.message, draft.detail = Verdict.INFRA_ERROR, message, detail
     except Exception as exc:  # noqa: BLE001 - a harness bug is an infra_error, never a crash
-        result.verdict = Verdict.INFRA_ERROR
-        result.message = f"harness error: {exc.__class__.__name__}: {exc}"
-        result.detail = traceback.format_exc()
-    result.verdict = str(result.verdict)
-    result.duration_s = round(time.time() - started, 3)
+        draft.verdict = Verdict.INFRA_ERROR
+        draft.message = f"harness error: {exc.__class__.__name__}: {exc}"
+        draft.detail = traceback.format_exc()
+    draft.verdict = str(draft.verdict)
+    draft.duration_s = round(time.time() - started, 3)
+    result = ItemResult(**vars(draft))
     if not settings.keep:
         tidy(settings.work, everything=result.passed)
     return result
@@ -57,20 +61,18 @@ def _produce(candidate: Candidate) -> Reply:
 
 
 def _run(task: Task, world: int, candidate: Candidate, platform: Platform, settings: Settings,
-         result: ItemResult, runner: JobRunner) -> None:
+         result: SimpleNamespace, runner: JobRunner) -> None:
     reply = _produce(candidate)
-    result.tokens_in, result.tokens_out = reply.tokens_in, reply.tokens_out
-    result.cost, result.rounds, result.reply_text = reply.cost, reply.rounds, reply.text or ""
     # the request behind the answer (endpoint, settings, usage, its cost and price source),
     # and whether the answer was kept from before, not asked
-    result.requests = [reply.request] if reply.request else []
-    result.replayed = reply.replayed
-    if (reply.request or {}).get("price"):
-        result.price_source = reply.request["price"]
+    result.usage = Usage(tokens_in=reply.tokens_in, tokens_out=reply.tokens_out, cost=reply.cost,
+                         requests=(reply.request,) if reply.request else (),
+                         replayed=reply.replayed, price_source=request_price(reply.request))
+    result.rounds, result.reply_text = reply.rounds, reply.text or ""
     if reply.infra_error:
         raise InfraError(f"the model source failed: {reply.infra_error}")
     if reply.truncated:  # the model's failure, judged as it is: neither built nor run
-        limit = (reply.request or {}).get("max_tokens") or reply.tokens_out
+        limit = request_limit(reply.request) or reply.tokens_out
         raise Rejected(Verdict.TRUNCATED,
                        f"the reply was cut at the output limit ({limit} tokens): raise "
                        "--commbench-max-tokens or the model's max_tokens")

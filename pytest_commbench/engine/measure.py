@@ -19,6 +19,7 @@ import numpy as np
 
 from .. import observer
 from ..rank.protocol import NATIVE_LANGUAGES
+from ..record import MachineLoad, Size
 from ..timing import (
     HostLoad,
     interval90,
@@ -48,7 +49,7 @@ class Measurement:
     speedup_se: float | None = None  # the standard error of the speedup's log
     compared: bool = False  # some case has times of both sides (speedup_se is theirs)
     imprecise: bool = True  # the precision asked for was not reached
-    host_load: dict[str, Any] | None = None
+    host_load: MachineLoad | None = None
     # per case and role, the medians of the untimed phases (GPU: upload, fetch), microseconds
     untimed_phases_us: dict[str, Any] = field(default_factory=dict)
     # per job of a timed item, in the order they ran: its (start, cases, end) seconds
@@ -160,7 +161,7 @@ def measure(plan: Plan, artifacts: dict[str, Path], run_job: JobRunner,
             return False
         if settings.timing_contended != "stop":
             return True
-        if load.stop(plan.world)["contended"]:
+        if MachineLoad.from_json(load.stop(plan.world)).contended:
             result.stopped = "contended"
             return False
         return True
@@ -198,11 +199,11 @@ def measure(plan: Plan, artifacts: dict[str, Path], run_job: JobRunner,
         result.rounds = rnd
         result.compared, result.speedup_se, result.imprecise = uncertainty(times, plan)
         # every rank keeps a CPU busy (MPI progress, a spinning device synchronize)
-        result.host_load = load.stop(plan.world)
+        result.host_load = MachineLoad.from_json(load.stop(plan.world))
     return result
 
 
-def figures(plan: Plan, measured: Measurement) -> tuple[list[dict[str, Any]], float | None]:
+def figures(plan: Plan, measured: Measurement) -> tuple[list[Size], float | None]:
     """Per size: both sides' times and spreads, the task's metric, the speedup and each job's
     median; and the item's speedup (the geometric mean over sizes)."""
     task, op = plan.task, plan.op
@@ -215,29 +216,21 @@ def figures(plan: Plan, measured: Measurement) -> tuple[list[dict[str, Any]], fl
         s = speedup(ref, sol)
         ratios.append(s)
         m = task.metric
-        sizes.append({
-            "count": case.count,
-            "dtype": case.dtype,
-            "bytes": nbytes,
-            "t_sol_us": sol.median * 1e6,
-            "t_ref_us": ref.median * 1e6,
-            "spread_sol": sol.spread,
-            "spread_ref": ref.spread,
-            "n": sol.n,
-            "metric": m.name,
-            "unit": m.unit,
-            "value_sol": metric_value(sol.median, nbytes, factor, m.bytes, m.unit),
-            "value_ref": metric_value(ref.median, nbytes, factor, m.bytes, m.unit),
-            "speedup": s,
+        sizes.append(Size(
+            count=case.count, dtype=case.dtype, bytes=nbytes,
+            t_sol_us=sol.median * 1e6, t_ref_us=ref.median * 1e6,
+            spread_sol=sol.spread, spread_ref=ref.spread, n=sol.n, metric=m.name, unit=m.unit,
+            value_sol=metric_value(sol.median, nbytes, factor, m.bytes, m.unit),
+            value_ref=metric_value(ref.median, nbytes, factor, m.bytes, m.unit),
+            speedup=s,
             # each job's median, in the order the jobs ran: drift and job-to-job noise show here
-            "jobs_sol_us": [float(np.median(j)) * 1e6 for j in sol_jobs],
-            "jobs_ref_us": [float(np.median(j)) * 1e6 for j in ref_jobs],
-            "batch": plan.batches.get(case.id, 1),
-        })
+            jobs_sol_us=tuple(float(np.median(j)) * 1e6 for j in sol_jobs),
+            jobs_ref_us=tuple(float(np.median(j)) * 1e6 for j in ref_jobs),
+            batch=plan.batches.get(case.id, 1)))
     return sizes, float(np.exp(np.mean(np.log(ratios)))) if ratios else None
 
 
-def trust(sizes: list[dict[str, Any]], value: float | None,
+def trust(sizes: list[Size], value: float | None,
           measured: Measurement, shared: bool) -> tuple[list[float] | None, str]:
     """How far the speedup may be read: its 90% interval, and `timing_trust`: `shared` (the
     ranks shared a GPU: two programs time-sliced or under MPS on one device, not what either
@@ -245,9 +238,9 @@ def trust(sizes: list[dict[str, Any]], value: float | None,
     CPUs than there were), `noisy` (the precision asked for was not reached in the timing
     rounds allowed), else `ok`. Bands are only given to trusted speedups whose interval lies
     inside one band."""
-    jobs = min((min(len(s["jobs_sol_us"]), len(s["jobs_ref_us"])) for s in sizes), default=0)
+    jobs = min((min(len(s.jobs_sol_us), len(s.jobs_ref_us)) for s in sizes), default=0)
     ci90 = interval90(value, measured.speedup_se, jobs)
-    load = measured.host_load or {}
-    level = ("shared" if shared else "contended" if load.get("contended") else
+    load = measured.host_load
+    level = ("shared" if shared else "contended" if load is not None and load.contended else
              "noisy" if measured.imprecise else "ok")
     return ci90, level

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import time
 from dataclasses import replace
-from typing import Any
 
 from ..models.base import Candidate
 from ..platforms.base import Platform
+from ..record import Round
 from ..scoring import INCONCLUSIVE, band
 from ..settings import Settings
 from ..tasks import Task
@@ -30,7 +30,7 @@ def refine(task: Task, world: int, candidate: Candidate, platform: Platform,
     started = time.time()
     conversation = candidate.conversation
     rounds = settings.rounds if conversation is not None else 1
-    history: list[dict[str, Any]] = []
+    history: list[Round] = []
     best: ItemResult | None = None
     result: ItemResult | None = None
     usage = Usage()
@@ -44,10 +44,9 @@ def refine(task: Task, world: int, candidate: Candidate, platform: Platform,
                                 lambda r=rnd, f=told, p=previous: conversation.again(r, p, f))
         result = evaluate(task, world, attempt, platform, settings, runner)
         stop = None
-        usage.add(result.tokens_in, result.tokens_out, result.cost, result.requests,
-                  result.replayed)
-        history.append({"round": rnd, "verdict": result.verdict, "speedup": result.speedup,
-                        "message": result.message[:300]})
+        usage.add_usage(result.usage)
+        history.append(Round(round=rnd, verdict=result.verdict, speedup=result.speedup,
+                             message=result.message[:300]))
         if result.passed:
             if best is None or (result.speedup or 0) > (best.speedup or 0):
                 best = result
@@ -63,10 +62,11 @@ def refine(task: Task, world: int, candidate: Candidate, platform: Platform,
             if stop is not None and rnd < rounds and conversation is not None:
                 conversation.end(world, rnd)
             break
-    final = replace(best or result, **usage.parts(), replayed=usage.replayed,
+    kept = best or result
+    final = replace(kept, usage=usage.value(kept.usage, replayed=usage.replayed),
                     rounds=len(history), duration_s=round(time.time() - started, 3))
     if conversation is not None:
-        final = replace(final, round=first_pass(history), round_history=history)
+        final = replace(final, round=first_pass(history), round_history=tuple(history))
     return final
 
 
@@ -87,8 +87,8 @@ def feedback(result: ItemResult) -> str:
     """What the next round is told about the last: the verdict and its evidence, or the
     per-size speedups of a pass. Never anything of the reference or the seed."""
     if result.passed:
-        sizes = ", ".join(f"count {s['count']}: {s['speedup']:.2f}x" for s in result.sizes
-                          if s.get("speedup") is not None)
+        sizes = ", ".join(f"count {s.count}: {s.speedup:.2f}x" for s in result.sizes
+                          if s.speedup is not None)
         return (f"verdict: pass, but slower than the expert solution: speedup "
                 f"{result.speedup or 0:.3f} overall ({sizes}). Make it faster, "
                 "keeping it correct.")
