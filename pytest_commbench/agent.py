@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from .engine import ItemResult, Usage, evaluate, feedback, first_pass
+from .engine.refinement import readable
 from .models.base import Candidate, Reply
 from .record import AgentSummary, Attempt, Round
 from .scoring import BANDS, band
@@ -339,7 +340,11 @@ class GeakAgent:
                     break
                 role = self._decide(run, settings)
                 if role is None:
-                    stop = "nothing to optimize without timing (check only)"
+                    stop = ("nothing to optimize without timing (check only)"
+                            if settings.check_only or run.best.speedup is None else
+                            "the best's timing cannot be read "
+                            f"({run.best.timing_trust or 'no interval'}): no proposal could "
+                            "be shown faster")
                     break
                 step = Step(number, role, root / f"{number:02d}-{role}")
             # the prompt is built only where the step is asked (a kept step's is on disk)
@@ -380,6 +385,8 @@ class GeakAgent:
                 return "generate"
             return "reflect"
         if settings.check_only or run.best.speedup is None:
+            return None
+        if not readable(run.best):  # no proposal could be shown faster than this number
             return None
         return "optimize"
 

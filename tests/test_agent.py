@@ -124,6 +124,10 @@ def test_optimize_keeps_a_faster_version_and_discards_a_slower_one(agentic):
     record = _last(agentic)
     assert record["verdict"] == "pass", (record["message"], result.stdout.str()[-2000:])
     history = record["round_history"]
+    if "timing cannot be read" in str(record.get("agent_stop")):
+        # the harness itself could not read the pass's timing on this machine (a loaded
+        # host): no proposal could be shown faster, so none was asked for
+        pytest.skip(f"the timing was not readable here: {record['agent_stop']}")
     assert [h["role"] for h in history] == ["generate", "optimize", "optimize"]
     assert [h["verdict"] for h in history] == ["pass"] * 3
     if history[1]["kept"] is False and "not shown faster" in history[1]["why"]:
@@ -328,3 +332,25 @@ def test_export_carries_the_answer_an_agent_run_stands_by(tmp_path):
         "collective/ring_allreduce 02-reflect\n"
     # without --agent: the direct rounds, which this folder has none of
     assert main(["export", str(replies), str(tmp_path / "none")]) == 1
+
+
+@pytest.mark.parametrize("trust, interval, speedup, role", [
+    ("contended", [0.06, 9.6], 0.88, None),  # a number the harness could not read
+    ("shared", [0.50, 0.55], 0.52, None),
+    ("ok", None, 0.5, None),  # one timing round: no interval, inconclusive
+    ("ok", [0.40, 0.55], 0.47, "optimize"),  # readable: a faster proposal can be shown
+    ("ok", [1.30, 1.40], 1.35, "optimize"),  # readable and faster already: still optimized
+])
+def test_the_optimizer_is_asked_only_where_the_best_timing_can_be_read(trust, interval,
+                                                                       speedup, role):
+    """The rule refinement follows: a proposal is kept only where its timing shows it faster,
+    so where the best's own timing cannot be read no optimize step is paid for."""
+    from types import SimpleNamespace
+
+    from pytest_commbench.agent import GeakAgent, Run
+    from pytest_commbench.engine import ItemResult
+
+    run = Run(first="")
+    run.best = ItemResult("pass", speedup=speedup, speedup_ci90=interval, timing_trust=trust)
+    agent = GeakAgent(Path("suites"))
+    assert agent._decide(run, SimpleNamespace(check_only=False)) == role

@@ -287,7 +287,9 @@ def test_a_pass_whose_timing_cannot_be_read_asks_for_no_faster_round(bench, monk
                             "--commbench-rounds=2")
     record = _only(bench)
     assert record["verdict"] == "pass" and record.get("speedup") is not None, record
-    assert record["speedup"] < 1 and record.get("band") == "inconclusive", record
+    assert record.get("band") == "inconclusive", record
+    if record.get("timing_trust") != "contended":  # a loaded host's number says nothing
+        assert record["speedup"] < 1, record
     assert len(requests) == 1 and record["rounds"] == 1, result.stdout.str()
 
 
