@@ -174,12 +174,9 @@ def test_the_reply_judged_is_highlighted_and_escaped(site):
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in text
 
 
-def test_a_task_page_shows_the_scored_rounds_reply_its_history_tokens_cost_and_endpoint(
-        tmp_path):
-    """Three rounds: a pass at 0.9, a slower pass, a wrong answer. Refinement scored round 1
-    (its fastest pass): the page shows round 1's reply, every round's verdict and speedup,
-    the tokens and cost, when it ended and the endpoint the requests went to; a record of no
-    price says its cost is unknown."""
+def _refined_task_page(tmp_path) -> str:
+    """The task page of a three-round refinement (a pass at 0.9, a slower pass, a wrong
+    answer; round 1 scored) beside an item of no price."""
     from pytest_commbench import htmlreport, leaderboard
 
     base = {"event": "result", "kind": "solution", "category": "p2p", "library": "mpi",
@@ -202,19 +199,31 @@ def test_a_task_page_shows_the_scored_rounds_reply_its_history_tokens_cost_and_e
         (replies / "kimi" / "p2p/pingpong" / "s0" / f"r{n}").mkdir(parents=True)
         (replies / "kimi" / "p2p/pingpong" / "s0" / f"r{n}" / "reply.md").write_text(text)
     board = leaderboard.build([refined, unpriced])
-    html = htmlreport.task_page("p2p/pingpong", board, lambda r: replies)
-    assert "FIRST ROUND" in html and "SECOND ROUND" not in html and "THIRD ROUND" not in html
-    dom = Dom(html)
+    return htmlreport.task_page("p2p/pingpong", board, lambda r: replies)
+
+
+def _assert_the_rounds_and_what_was_asked(dom) -> None:
     (table,) = [t for t in dom.find("table") if t["attrs"].get("class") == "rounds"]
     rows = [[c["text"].strip() for c in tr["children"]] for body in table["children"]
             if body["tag"] == "tbody" for tr in body["children"]]
     assert rows == [["1", "pass", "0.900", ""], ["2", "pass", "0.850", ""],
                     ["3", "wrong_answer", "-", "element 3 differs"]]
-    asked = [p["text"] for p in dom.find("p") if p["attrs"].get("class") == "asked"]
+    asked = [p["text"].strip() for p in dom.find("p") if p["attrs"].get("class") == "asked"]
     assert asked[0] == ("tokens 12,345 in / 678 out \u00b7 cost $0.0123 \u00b7 finished "
                         "2026-12-01T10:00:00+0000 \u00b7 endpoint http://127.0.0.1:8000/v1 "
                         "(model id kimi-k2)")
     assert asked[1] == "tokens 10 in / 5 out \u00b7 cost unknown"
+
+
+def test_a_task_page_shows_the_scored_rounds_reply_its_history_tokens_cost_and_endpoint(
+        tmp_path):
+    """Three rounds: a pass at 0.9, a slower pass, a wrong answer. Refinement scored round 1
+    (its fastest pass): the page shows round 1's reply, every round's verdict and speedup,
+    the tokens and cost, when it ended and the endpoint the requests went to; a record of no
+    price says its cost is unknown."""
+    html = _refined_task_page(tmp_path)
+    assert "FIRST ROUND" in html and "SECOND ROUND" not in html and "THIRD ROUND" not in html
+    _assert_the_rounds_and_what_was_asked(Dom(html))
 
 
 def test_a_page_per_model_lists_every_item_it_was_judged_on(site):
@@ -245,6 +254,15 @@ def test_chromium_renders_the_leaderboard_and_a_click_through_to_a_reply(site):
     assert code and "comm.allGather" in code[0]["text"]
     # the reply's script is text on the page, never run: Chromium's DOM has no script of it
     assert all("alert" not in s["text"] for s in task.find("script"))
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="no chromium here (CI installs Debian's chromium)")
+def test_chromium_renders_a_task_pages_round_history_and_what_was_asked(tmp_path):
+    page = tmp_path / "task.html"
+    page.write_text(_refined_task_page(tmp_path))
+    rendered = _dump(page.as_uri())
+    _assert_the_rounds_and_what_was_asked(Dom(rendered))
+    assert "FIRST ROUND" in rendered and "SECOND ROUND" not in rendered  # the scored reply
 
 
 # -- two runs compared ----------------------------------------------------------------------------
