@@ -361,9 +361,10 @@ class GeakAgent:
                 continue
             iteration += 1
             # the step's reply as the model gave it (a cut reply is judged `truncated`)
-            attempt = Candidate(candidate.id, candidate.kind, lambda r=reply: Reply(
-                r.text, truncated=r.truncated, replayed=r.replayed, request=r.request))
-            result = evaluate(task, world, attempt, platform, settings)
+            # (its tokens and cost are counted once, in the run's usage above)
+            answer = Reply(reply.text, truncated=reply.truncated, replayed=reply.replayed,
+                           request=reply.request)
+            result = evaluate(task, world, answer, platform, settings, kind=candidate.kind)
             entry = self._judge(run, step, result, result.reply_text, iteration)
             ci90 = result.speedup_ci90
             _write_json(step.folder / f"verdict-np{world}.json",

@@ -121,8 +121,7 @@ def result_json(task, world: int, platform_name: str, path: Path, seed: int, bui
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    from .engine import RunSettings, Settings, evaluate
-    from .models.base import Candidate
+    from .engine import RunSettings, Settings, evaluate, produce
     from .models.builtin import _read
 
     path = Path(args.file)
@@ -149,8 +148,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
             work=Path(scratch) / "work", cache=Path(scratch) / "build",
             # (the jobs never see the references nor the project around them: engine.job)
             references=Path(args.references).resolve())
-        candidate = Candidate("", "solution", lambda: _read(path))
-        result = evaluate(task, world, candidate, watched, settings)
+        result = evaluate(task, world, produce(lambda: _read(path)), watched, settings)
     out = result_json(task, world, platform.name, path, seed, watched.built, result)
     print(json.dumps(out, indent=1, default=str))
     return 0 if result.passed else 1

@@ -26,8 +26,9 @@ def pytest_commbench_make_agent(config, name):
     evaluation of the answer it keeps, with its usage over every step, `round_history`/`round`
     and its own summary in `agent` (a `record.AgentSummary`, or a dict of keys "agent" and
     "agent_*", written into the result line as they are)), or None if the name is not
-    yours. An agent evaluates each answer with `engine.evaluate(task, world, candidate,
-    platform, settings)`. The built-in `geak` answers last. (The attempt's JSON, a dict of
+    yours. An agent evaluates each answer as a value with `engine.evaluate(task, world,
+    reply, platform, settings, kind=candidate.kind)` (`engine.produce(fn)` asks a model
+    source for a reply, an outage as infra_error; a candidate is still taken). The built-in `geak` answers last. (The attempt's JSON, a dict of
     `ItemResult.to_json()`, is still taken.)"""
 
 

@@ -234,6 +234,28 @@ def test_evaluate_never_raises_and_blames_the_model_source_for_its_outage(tmp_pa
     assert not (tmp_path / "w").exists()  # tidied
 
 
+def test_evaluate_takes_the_answer_as_a_value(tmp_path):
+    """A reply is judged as it is, with no candidate around it: a cut one is `truncated` and
+    never built or run; an outage the source reported is the provider's `infra_error`."""
+    from pytest_commbench.engine import produce
+    from pytest_commbench.models.base import Reply
+
+    settings = Settings(seed=1, work=tmp_path / "w", cache=tmp_path, references=tmp_path)
+    jobs = _jobs(tmp_path)
+    cut = evaluate(_task(tmp_path), 2, Reply("x", truncated=True, tokens_out=9), None,
+                   settings, jobs, kind="mutant")
+    assert cut.verdict == "truncated" and "9 tokens" in cut.message
+    assert jobs.ran == []  # nothing built or run
+
+    def broken():
+        raise TimeoutError("no answer")
+
+    outage = produce(broken)
+    assert outage.infra_error == "TimeoutError: no answer"
+    result = evaluate(_task(tmp_path), 2, outage, None, settings, jobs)
+    assert result.verdict == "infra_error" and "TimeoutError: no answer" in result.message
+
+
 def test_the_record_is_written_once_and_read_back_by_any_version():
     result = ItemResult("pass", speedup=1.5, sizes=[{"count": 1, "speedup": 1.5}],
                         timing_trust="ok", reply_text="secret code", imprecise=False)

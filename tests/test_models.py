@@ -365,8 +365,8 @@ def test_a_rerun_ends_the_conversation_where_it_ended_before(monkeypatch, tmp_pa
     ends: dict[int, int] = {}
     speedups = iter([None, 1.2, None, 0.8, None, 0.8, 0.9])
 
-    def evaluate(task, world, candidate, platform, settings, runner):
-        candidate.produce()
+    def evaluate(task, world, answer, platform, settings, runner, kind="solution"):
+        assert isinstance(answer, Reply) and kind == "solution"  # the answer as a value
         speedup = next(speedups)
         return ItemResult("pass" if speedup else "wrong_answer", speedup=speedup)
 

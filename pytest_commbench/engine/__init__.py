@@ -1,6 +1,7 @@
 """The engine: one item's evaluation, split by job.
 
-- `flow.evaluate` — the one entry: an answer produced, built, run and judged (`ItemResult`);
+- `flow.evaluate` — the one entry: an answer (a reply as a value) built, run and judged
+  (`ItemResult`); `flow.produce` asks a model source for one, an outage as `infra_error`;
 - `measure` — the timing policy (check job, warm-up, ABBA rounds, adaptive stopping,
   per-size figures, trust), driving jobs through the job runner it is given;
 - `job.run_job` — the real job runner (staging, guards, sandbox, the observer);
@@ -12,10 +13,10 @@
 """
 
 from ..settings import RunSettings, Settings
-from .flow import evaluate
+from .flow import evaluate, produce
 from .plan import InfraError, JobRunner, Outcome, Plan
 from .refinement import feedback, refine
 from .result import ItemResult, Usage, first_pass
 
-__all__ = ["evaluate", "refine", "feedback", "ItemResult", "Usage", "first_pass", "RunSettings",
+__all__ = ["evaluate", "produce", "refine", "feedback", "ItemResult", "Usage", "first_pass", "RunSettings",
            "Settings", "Plan", "Outcome", "InfraError", "JobRunner"]

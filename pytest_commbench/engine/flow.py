@@ -1,11 +1,13 @@
-"""One attempt of one item: the candidate's answer produced, merged into the template, built,
-run (checked, and timed against the reference unless check-only) and judged. `evaluate` is the
-engine's one entry; refinement and agents call it once per answer."""
+"""One attempt of one item: the answer (a reply as a value, or a candidate's, produced here)
+merged into the template, built, run (checked, and timed against the reference unless
+check-only) and judged. `evaluate` is the engine's one entry; refinement and agents call it
+once per answer."""
 
 from __future__ import annotations
 
 import time
 import traceback
+from collections.abc import Callable
 from types import SimpleNamespace
 
 import numpy as np
@@ -25,16 +27,22 @@ from .result import ItemResult
 from .tidy import tidy
 
 
-def evaluate(task: Task, world: int, candidate: Candidate, platform: Platform,
-             settings: Settings, runner: JobRunner = run_job) -> ItemResult:
-    """The verdict (and, timed, the speedup) of the candidate's answer: never raises; a
-    failure of the harness, the reference or the model source is an `infra_error`."""
+def evaluate(task: Task, world: int, answer: Reply | Candidate, platform: Platform,
+             settings: Settings, runner: JobRunner = run_job, *,
+             kind: str | None = None) -> ItemResult:
+    """The verdict (and, timed, the speedup) of an answer: never raises; a failure of the
+    harness, the reference or the model source is an `infra_error`. `answer` is the reply as
+    a value (`kind`: "solution", the default, must pass and is timed; "mutant" must be
+    rejected), or a candidate whose answer is produced here (its kind, unless `kind` says)."""
     started = time.time()
+    if isinstance(answer, Candidate):
+        kind = kind or answer.kind
+        answer = produce(answer.produce)
     # the attempt as it is learnt (the typed result is made once, at the end); a
     # compile-only run's answers, built or not, are never scored (scoring.scored)
     draft = SimpleNamespace(verdict="", compile_only=settings.compile_only or None, hosts=None)
     try:
-        _run(task, world, candidate, platform, settings, draft, runner)
+        _run(task, world, answer, kind or "solution", platform, settings, draft, runner)
     except Rejected as exc:
         draft.verdict, draft.message, draft.detail = exc.verdict, exc.message, exc.detail
         draft.output = exc.output or getattr(draft, "output", "")
@@ -53,16 +61,16 @@ def evaluate(task: Task, world: int, candidate: Candidate, platform: Platform,
     return result
 
 
-def _produce(candidate: Candidate) -> Reply:
+def produce(make: Callable[[], Reply]) -> Reply:
+    """The reply `make` gives; a model source that raises is an outage (`infra_error`)."""
     try:
-        return candidate.produce()
+        return make()
     except Exception as exc:  # noqa: BLE001 - a model source that fails is an outage
         return Reply(None, infra_error=f"{exc.__class__.__name__}: {exc}")
 
 
-def _run(task: Task, world: int, candidate: Candidate, platform: Platform, settings: Settings,
-         result: SimpleNamespace, runner: JobRunner) -> None:
-    reply = _produce(candidate)
+def _run(task: Task, world: int, reply: Reply, kind: str, platform: Platform,
+         settings: Settings, result: SimpleNamespace, runner: JobRunner) -> None:
     # the request behind the answer (endpoint, settings, usage, its cost and price source),
     # and whether the answer was kept from before, not asked
     result.usage = Usage(tokens_in=reply.tokens_in, tokens_out=reply.tokens_out, cost=reply.cost,
@@ -91,8 +99,8 @@ def _run(task: Task, world: int, candidate: Candidate, platform: Platform, setti
                          "(compile only: not run)"
         return
 
-    timed = candidate.kind == "solution" and not settings.check_only
-    if candidate.kind == "solution" and settings.check_only:
+    timed = kind == "solution" and not settings.check_only
+    if kind == "solution" and settings.check_only:
         result.check_only = True
     ref_artifact = None
     if timed:

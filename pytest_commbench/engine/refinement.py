@@ -17,7 +17,7 @@ from ..scoring import INCONCLUSIVE, band
 from ..settings import Settings
 from ..tasks import Task
 from ..verdicts import Verdict
-from .flow import evaluate
+from .flow import evaluate, produce
 from .job import run_job
 from .plan import JobRunner
 from .result import ItemResult, Usage, first_pass
@@ -37,12 +37,11 @@ def refine(task: Task, world: int, candidate: Candidate, platform: Platform,
     ended = conversation.ended(world) if conversation is not None else None
     for rnd in range(1, rounds + 1):
         if result is None:  # the first round
-            attempt = candidate
+            answer = produce(candidate.produce)
         else:
             told, previous = feedback(result), result.reply_text
-            attempt = Candidate(candidate.id, candidate.kind,
-                                lambda r=rnd, f=told, p=previous: conversation.again(r, p, f))
-        result = evaluate(task, world, attempt, platform, settings, runner)
+            answer = produce(lambda r=rnd, f=told, p=previous: conversation.again(r, p, f))
+        result = evaluate(task, world, answer, platform, settings, runner, kind=candidate.kind)
         stop = None
         usage.add_usage(result.usage)
         history.append(Round(round=rnd, verdict=result.verdict, speedup=result.speedup,
