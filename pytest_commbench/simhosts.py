@@ -197,6 +197,22 @@ exec @AGENT@ --exec @HOST@ @PROGRAM@ "$@"
 """
 
 
+def own_software() -> list[str]:
+    """What the hosts must run that lies in a tree each host replaces (/tmp, /dev/shm): this
+    Python's environment, the package's checkout and the MPI's prefix (a clone under /tmp
+    would vanish from the hosts with the controller's /tmp); shared at the same path, as a
+    cluster's software tree is."""
+    from .launch import find_mpiexec  # (the controller's side: this file runs as a script too)
+
+    found = [sys.prefix, sys.base_prefix, str(SCRIPT.parent.parent)]
+    mpiexec = find_mpiexec()
+    if mpiexec:
+        found.append(str(Path(os.path.realpath(mpiexec)).parent.parent))
+    private = ("/tmp", "/dev/shm")
+    return sorted({str(Path(x).resolve()) for x in found
+                   if any(str(Path(x).resolve()).startswith(t + "/") for t in private)})
+
+
 class SimHosts:
     """A rig of simulated hosts (see the module's docstring): `start()` (or `with`) makes it,
     `close()` removes everything it made, on any failure too.
@@ -211,7 +227,7 @@ class SimHosts:
         self.address = addresses(self.names, subnet)
         self.subnet = subnet
         self.slots = slots
-        self.shared = [str(Path(p).resolve()) for p in shared]
+        self.shared = [str(Path(p).resolve()) for p in shared] + own_software()
         self.folder = folder
         self.dir: Path | None = None
         self.keeper: subprocess.Popen | None = None

@@ -238,3 +238,17 @@ def test_ranks_that_land_elsewhere_than_asked_are_an_infra_error_saying_where(be
         "h1: ranks 0-1 (asked: h1: rank 0; 10.77.0.1: rank 1)")
     assert record["hosts"] == ["h1", "h1"]
     assert _quiet(sim_hosts) == []
+
+
+def test_software_in_a_tree_the_hosts_replace_is_shared_with_them(monkeypatch, tmp_path):
+    """A checkout and its environment under /tmp (a fresh clone there) would vanish from the
+    hosts with the controller's /tmp: they are bound back at their paths; trees the hosts keep
+    (/usr, a home) need no binding."""
+    from pytest_commbench import simhosts
+
+    venv = Path("/tmp") / tmp_path.name / "venv"
+    monkeypatch.setattr(simhosts.sys, "prefix", str(venv))
+    monkeypatch.setattr(simhosts.sys, "base_prefix", "/usr")
+    found = simhosts.own_software()
+    assert str(venv) in found and "/usr" not in found
+    assert all(x.startswith(("/tmp/", "/dev/shm/")) for x in found)
