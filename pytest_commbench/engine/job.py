@@ -154,6 +154,7 @@ def run_job(plan: Plan, artifact: Path, job_dir: Path, timed: bool,
         fixtures=list(task.fixtures), workspace_bytes=task.workspace, backend=platform.backend,
         out=str(out), scratch=str(scratch), job_dir=str(job_dir.resolve()), nccl_lib=libs,
         deadline_s=plan.deadline, ranks_per_gpu=platform.ranks_per_gpu,
+        spans_nodes=nodes.spans(plan.nodes),
         stress=trials and settings.stress > 1 and not sanitize,
         cases=[{"id": c.id, "args": c.args, "params": c.params} for c in plan.cases])
     job_file = job_dir / "ro" / protocol.JOB_FILE

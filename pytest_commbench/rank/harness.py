@@ -267,6 +267,9 @@ def run(job: JobSpec, rank: int, status: Status, link: Link) -> None:
     size = world.Get_size()
     backend = make_backend(job.backend)
     solution_comm = world.Dup()
+    # a communicator of the harness's own that nothing is sent on: probing it drives MPI's
+    # progress between calls where the ranks span nodes (see JobSpec.spans_nodes)
+    progress = world.Dup().Iprobe if job.spans_nodes else None
     scratch = Path(job.scratch) / f"r{rank}"
     scratch.mkdir(parents=True, exist_ok=True)
     extra: dict[str, Any] = {}
@@ -291,6 +294,7 @@ def run(job: JobSpec, rank: int, status: Status, link: Link) -> None:
     link.say(phase="loading")
     solution = job.solution
     calls = Calls(link, backend, None)  # before the guard: it imports what it needs
+    calls.progress = progress
     calls.report = str(Path(job.out) / guard_file(rank))
     if watch is not None:
         calls.window = watch.commbench_guard_cupti_window
@@ -366,6 +370,8 @@ class Calls:
 
             self.apart = keep_timing_thread_apart
         self.k = 0  # the last call made (numbered over the whole job)
+        # drives the rank's MPI between calls (None: not needed, every peer on this node)
+        self.progress = None
         # where a control word found ahead of this harness is reported (see `say`)
         self.report: str | None = None
         # the CUDA API guard's call window (rank/cupti_guard.c): open while the solution's
@@ -396,13 +402,17 @@ class Calls:
         CPU the observer and the other ranks need)."""
         w, i, end, owner = self.ctl.words, W[word], W["end"], W["case"]
         spin_until = time.perf_counter() + SPIN_S
+        progress = self.progress
+        nap = 0.05 if progress is None else 0.001
         while w[i] < k:
             if w[end] >= case:
                 return False
+            if progress is not None:
+                progress()
             if time.perf_counter() < spin_until:
                 os.sched_yield()
                 continue
-            ready, _, _ = select.select([self.link.wake], [], [], 0.05)
+            ready, _, _ = select.select([self.link.wake], [], [], nap)
             if ready:
                 try:
                     while os.read(self.link.wake, 4096):

@@ -131,6 +131,10 @@ class JobSpec:
     deadline_s: float = 0.0  # the job's deadline (a hung rank's stacks are written before)
     ranks_per_gpu: int = 1  # ranks sharing one GPU (shared placement)
     audit: bool = True  # a Python solution runs under the audit-hook guard
+    # the ranks lie on more than one node: between calls each rank keeps its MPI progressing
+    # (over a network, a sender's last data may still wait in its MPI's queue when its call
+    # returns; a rank asleep outside MPI would never send it, and its peer would hang)
+    spans_nodes: bool = False
     # the observer makes calls back to back with holds (the stress phase): a device rank
     # readies its device hold before the solution is loaded
     stress: bool = False
