@@ -163,7 +163,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     # a run of shards, some of them missing: its lines say so (the summary's headline)
     partial = {str(r.item.run): text for folder, text in merged.partial.items()
                for r in by_folder.get(folder, [])}
-    records = [replace(r, extra={**r.extra, shards.PARTIAL_KEY: partial[str(r.item.run)]})
+    records = [r.evolve(partial_note=partial[str(r.item.run)])
                if str(r.item.run) in partial else r for r in records]
     if (args.model or args.run_label) and not records:
         print(f"commbench report: no run of {_wanted_text(args)} in {' '.join(args.paths)}",

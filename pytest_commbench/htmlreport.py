@@ -25,11 +25,11 @@ from typing import Any
 from .leaderboard import (
     Board,
     Entry,
-    _dash,
     anatomy_columns,
     fingerprint_line,
     leaderboard_rows,
 )
+from .leaderboard.text import _dash
 from .models.conversation import sample_folder
 from .record import ResultLine, Size
 from .report import _num, _pct, bandwidths, model_colours, money
@@ -198,22 +198,22 @@ def _leaderboard(board: Board, colours: dict[str, str]) -> str:
             "<th>$/task</th>" + "".join(f"<th>fast_{p:g}</th>" for p in FAST_P) + "</tr>")
     rows = []
     for row, e in zip(leaderboard_rows(board), board.entries):
-        cells = [f'<td class="num">{_e(_dash(row["rank"]))}</td>',
-                 f'<td class="num">{_e(_dash(row["tier"]))}</td>',
+        cells = [f'<td class="num">{_e(_dash(row.rank))}</td>',
+                 f'<td class="num">{_e(_dash(row.tier))}</td>',
                  f'<td data-sort="{_e(e.label)}">{_swatch(colours[e.label])}'
                  f'<a href="models/{slug(e.label)}.html">{_e(e.label)}</a></td>',
-                 f'<td class="num">{row["tasks"]}</td>', f'<td class="num">{row["passes"]}</td>']
+                 f'<td class="num">{row.tasks}</td>', f'<td class="num">{row.passes}</td>']
         for metric, pct in (("pass_rate", True), ("pass_good", True), ("gm_speedup", False),
                             ("pass_x_gm", False)):
-            value = row[metric]
+            value = getattr(row, metric)
             shown = _pct(value) if pct else _num(value)
             cells.append(f'<td class="num" data-sort="{-1 if value is None else value}">'
-                         f'{shown}{_iv(row[metric + "_lo"], row[metric + "_hi"], pct)}</td>')
-        price = row.get("price")
+                         f'{shown}{_iv(*(row.interval(metric) or (None, None)), pct)}</td>')
+        price = row.price
         cells.append(f'<td class="num" data-sort="{-1 if price is None else price}">'
                      f'{"-" if price is None else f"{price:.4f}"}</td>')
         for p in FAST_P:
-            value = row[f"fast_{p:g}"]
+            value = row.fast_p(p)
             cells.append(f'<td class="num" data-sort="{-1 if value is None else value}">'
                          f'{_pct(value)}</td>')
         rows.append("<tr>" + "".join(cells) + "</tr>")

@@ -607,8 +607,9 @@ class Attempt(Part):
 class ResultLine(Part, Mapping):
     """One line of the results log: a "started" line (the item's identity, when it began) or
     a "result" line (the identity, the attempt, the seed that reproduces its inputs, its
-    band, the machine's fingerprint, when it finished). A report may add the run's label and
-    a task's world sizes (`scoring.per_task`); neither is in a log.
+    band, the machine's fingerprint, when it finished). A report may add the run's label, a
+    task's world sizes (`scoring.per_task`) and, for a run of shards some of which are
+    missing, the note its headline carries (`partial_note`); none of them is in a log.
 
     Read only as typed fields by this package; its mapping view (`line["verdict"]`,
     `line.get("speedup")`) is the line's JSON, for hooks and scripts written against it."""
@@ -624,6 +625,7 @@ class ResultLine(Part, Mapping):
     finished: str | None = written(when=SET, junit=False)
     run_label: str | None = written(when=SET, junit=False)
     worlds: tuple[int, ...] | None = written(when=SET, junit=False)
+    partial_note: str | None = written(when=SET, key="_shards_partial", junit=False)
     extra: dict[str, Any] = field(default_factory=dict, repr=False)
     exceptions: frozenset[str] = _exceptions()
 

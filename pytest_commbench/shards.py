@@ -30,11 +30,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .record import ResultLine, as_lines
+
 #: the key of run.json that names the shard ("K/N"), and the one that names the run it is part of
 SHARD_KEY = "shard"
 NAME_KEY = "run_name"
-#: what an in-memory record of a report carries where its run lacks shards (the headline says it)
-PARTIAL_KEY = "_shards_partial"
 _SPEC = re.compile(r"\s*(\d+)\s*/\s*(\d+)\s*")
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,127}")
 
@@ -222,7 +222,7 @@ def merge(parts: Iterable[Part]) -> Merge:
     return Merge(None, notes, partial)
 
 
-def headline_note(records: Iterable[Mapping[str, Any]]) -> str:
+def headline_note(records: Iterable[ResultLine | Mapping[str, Any]]) -> str:
     """What the scores' headline adds for records of a run whose shards are not all there."""
-    found = sorted({str(r[PARTIAL_KEY]) for r in records if r.get(PARTIAL_KEY)})
+    found = sorted({r.partial_note for r in as_lines(records) if r.partial_note})
     return f"   ({'; '.join(found)})" if found else ""
