@@ -16,70 +16,53 @@ are only quoted.
 What decides who is to blame when a job ends early: whether any rank said it was loading
 the solution (on its socket, before the solution's code ran). Before that, a failure is the
 harness's or the machine's (`infra_error`); after it, the solution's.
+
+Its parts, each in a module of its own: the wire protocol with the ranks (`observer_wire`),
+the checks of a call's outputs (`observer_checks`), the timing policy of a case
+(`observer_schedule`) and the phase statistics of a job's calls (`observer_phases`). Here:
+the job's lifetime (the ranks' connections, the liveness checks, what decides blame) and the
+call loop.
 """
+
 
 from __future__ import annotations
 
-import json
 import os
 import select
 import socket
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
-from . import jobfiles
-from .checks.base import Case, Op, Trial, compare
-from .rank.protocol import (
-    GUARD_EXIT,
-    SOCKET,
-    Control,
-    batch_sets,
-    feed_pipe,
-    guard_file,
-    layout,
-    memfd,
-    poison_value,
-    set_name,
-    socket_address,
-    views,
+from .checks.base import Case, Op, Trial
+from .observer_checks import (
+    WrongAnswer,
+    expected_outputs,
+    held_back,
+    spot_check,
+    verify_calls,
 )
+from .observer_phases import PHASE_TOLERANCE, Timing, charged, phase_baseline
+from .observer_schedule import CaseSchedule
+from .observer_wire import (
+    ANSWER,
+    Rank,
+    call_outputs,
+    describe_call,
+    guard_reports,
+    plan_layouts,
+    read_hello,
+    write_inputs,
+)
+from .rank.protocol import GUARD_EXIT, SOCKET, socket_address
 from .verdicts import Verdict
 
-WARMUP_S = 0.02  # warm-up calls of a case fill at least this long ...
-MAX_WARMUP_CALLS = 200  # ... with at most this many
-MIN_REPS = 3  # timed repetitions of a case at least, whatever the observer's own time
-# small sizes: a timed repetition is a batch of back-to-back calls lasting at least BATCH_S
-# (by the warm-up's time per call), of at most MAX_BATCH calls whose buffer sets take at
-# most BATCH_BYTES of a rank's segment; the gate, the "done" and the observer's wake-up are
-# then paid once per batch, not once per call
-BATCH_S = 1e-3
-MAX_BATCH = 128
-BATCH_BYTES = 64 << 20
-DRAWS = 20  # batches drawn at most for one whose inputs fit the feeds
-TRIAL_BATCHES = 3  # trial batches timed per step of the batch size's growth
-SAMPLES = 16  # positions per output checked the moment a rank says it is done
 LIVENESS_S = 0.005  # how often a wait looks at the job's processes and sockets
 # a rank that said it raised (its solution did, or the harness around it): the job ends this
 # long after, if it has not ended by itself (MPI_Abort can hang), not at its deadline
 RAISED_GRACE_S = 10.0
-MAX_MESSAGES = 5
-CONTROL_BYTES = 1 << 16
-# the stress phase: its calls' outputs may take at most STRESS_BYTES of a rank's segment (and
-# their inputs its feed); a call after the first holds one rank back with probability
-# STRESS_HOLD_P, for STRESS_HOLD_S seconds (drawn in that range), on the host or its device
-STRESS_BYTES = 256 << 20
-STRESS_HOLD_P = 0.5
-STRESS_HOLD_S = (100e-6, 2e-3)
-# the first call of a case: its held rank's stream waits this long (drawn in the range), set
-# before the call begins, so it must outlast the set-up work a call on new buffers does on
-# the host first (exchanging and opening IPC handles takes milliseconds)
-FIRST_HOLD_S = (10e-3, 40e-3)
-# the word a rank's harness answers each of the observer's steps with
-ANSWER = {"prep": "ready", "gate": "done", "fetch": "saved"}
 
 
 class JobEnded(Exception):
@@ -104,96 +87,55 @@ class Settings:
     stress: int = 0
 
 
-@dataclass(frozen=True)
-class Timing:
-    """One call as the observer saw it: `call` from the last gate to the last "done"; on a
-    staged (GPU) backend also the untimed phases around it, whose length the solution can
-    stretch with work of its own: `before`, the longest upload (inputs written to the rank's
-    "ready", its whole device idle) and `after`, the fetch of the outputs (all ranks done to
-    the last "saved"). See `charged`."""
+@dataclass
+class Call:
+    """One call on every rank (or a batch of calls back to back) while the observer makes it:
+    what it is, and when the observer saw each rank's steps of it."""
 
-    call: float
-    before: float = 0.0
+    k: int  # the call's number in the job
+    trials: list[Trial]  # one per call of the batch
+    check: bool
+    # each rank's outputs taken at its own completion (see Observer.call)
+    own: bool
+    world: int
+    # the ranks in the order their gates open (by their delays)
+    order: list[int]
+    # staged: the late ranks, prepared at their gate
+    late: set[int]
+    gate: list[float] = field(init=False)
+    done: list[float] = field(init=False)
+    left: set[int] = field(init=False)  # the ranks not seen done yet
+    # own completion: when each rank was told to fetch, when it said it had saved, and
+    # its outputs as they were then (the host backend: when it said it was done)
+    fetched: list[float] = field(init=False)
+    saved: list[float] = field(init=False)
+    taken: list[dict[str, np.ndarray] | None] = field(init=False)
+    before: float = 0.0  # the untimed phases (see Timing)
     after: float = 0.0
 
+    def __post_init__(self) -> None:
+        n = self.world
+        self.gate, self.done, self.fetched, self.saved = ([0.0] * n for _ in range(4))
+        self.left = set(range(self.world))
+        self.taken = [None] * self.world
 
-PHASE_TOLERANCE = (0.25, 20e-6)  # (fraction of the baseline, seconds) never charged
+    @property
+    def trial(self) -> Trial:
+        """The first call's trial: its delays are the call's."""
+        return self.trials[0]
 
+    @property
+    def batch(self) -> int:
+        return len(self.trials)
 
-def charged(timings: list[Timing], baseline: tuple[float, float] | None) -> list[float]:
-    """Each call's time with the untimed phases' systematic excess added: a solution that
-    says it is done before its work is (the rank's process can write any word) or does the
-    work while its inputs are uploaded makes those phases longer than the reference's. Per
-    job and phase, the median over its calls is compared with the baseline, `baseline`
-    being the medians of the item's warm-up reference job (None: untimed jobs, the warm-up
-    itself); what exceeds it by more than PHASE_TOLERANCE is added to every call of the job,
-    the reference's jobs included. Medians, so that a copy that was slow once (pageable
-    memory, a page fault) charges nothing; the tolerance, so that job-to-job drift does not."""
-    if baseline is None or not timings:
-        return [t.call for t in timings]
-    extra = 0.0
-    for got, base in ((float(np.median([t.before for t in timings])), baseline[0]),
-                      (float(np.median([t.after for t in timings])), baseline[1])):
-        extra += max(0.0, got - base - PHASE_TOLERANCE[0] * base - PHASE_TOLERANCE[1])
-    return [t.call + extra for t in timings]
-
-
-def phase_baseline(timings: list[Timing]) -> tuple[float, float] | None:
-    """The medians of a reference job's upload and fetch phases (None: no calls)."""
-    if not timings:
-        return None
-    return (float(np.median([t.before for t in timings])),
-            float(np.median([t.after for t in timings])))
+    def timing(self) -> Timing:
+        """The time of one call (last done - last gate, over the batch's size) and the
+        untimed phases around it, likewise per call."""
+        return Timing((max(self.done) - max(self.gate)) / self.batch, self.before / self.batch,
+                      self.after / self.batch)
 
 
-class Rank:
-    def __init__(self, conn: socket.socket, number: int) -> None:
-        self.conn, self.number = conn, number
-        self.ctl_fd = memfd(f"commbench-ctl-{number}", CONTROL_BYTES)
-        self.ctl = Control(self.ctl_fd)
-        self.data_fd = -1
-        self.data = None
-        # the rank's wake-up call: a byte after every word the observer sets for it, so a
-        # rank that waits long sleeps in the kernel instead of spinning
-        self.wake_r, self.wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
-        # a batch's inputs, call after call (protocol.py): the rank reads, the observer writes
-        self.feed_r, self.feed_w, self.feed_bytes = feed_pipe()
-        self.data_bytes = 0
-        self.buffer = b""
-        self.placed: list[list] = []
-        self.fed: list = []  # a batch's inputs per call (name, shape, dtype), as last laid out
-
-    def grow(self, size: int) -> None:
-        """A data segment of at least `size` bytes (a new memory file, sent to the rank)."""
-        import mmap
-
-        size = max(size, 4096)
-        if self.data_fd >= 0:
-            os.close(self.data_fd)
-        self.data_fd = memfd(f"commbench-data-{self.number}", size)
-        self.data = mmap.mmap(self.data_fd, size)
-        self.data_bytes = size
-
-    def set(self, word: str, value: int) -> None:
-        self.ctl.set(word, value)
-        try:
-            os.write(self.wake_w, b"!")
-        except (BlockingIOError, OSError):  # full (the rank is awake anyway) or closed
-            pass
-
-    def close(self) -> None:
-        for fd in (self.ctl_fd, self.data_fd, self.wake_r, self.wake_w, self.feed_r,
-                   self.feed_w):
-            if fd >= 0:
-                os.close(fd)
-        self.ctl_fd = self.data_fd = self.wake_r = self.wake_w = self.feed_r = self.feed_w = -1
-        try:
-            self.conn.close()
-        except OSError:
-            pass
-
-
-class Observer:
+class Observer(CaseSchedule):
     def __init__(self, job_dir: Path, world: int, op: Op, settings: Settings,
                  rng: np.random.Generator, staged: bool, timed: bool,
                  trials: bool = True, batch: bool = False,
@@ -291,28 +233,20 @@ class Observer:
         got = 0
         for conn in ready:
             rank = next(r for r in self.ranks if r is not None and r.conn is conn)
-            try:
-                data = conn.recv(65536)
-            except OSError:
-                data = b""
-            if not data:
-                continue
-            got += len(data)
-            rank.buffer = (rank.buffer + data)[-65536:]
-            while b"\n" in rank.buffer:
-                line, rank.buffer = rank.buffer.split(b"\n", 1)
-                if len(line) > 1024:  # the harness's messages are short: nothing to read
-                    continue
-                try:
-                    msg = json.loads(line)
-                except Exception:  # noqa: BLE001 - whatever a rank sends, the observer lives
-                    continue
-                if isinstance(msg, dict) and msg.get("phase") == "loading":
-                    self.loaded = True
-                if isinstance(msg, dict) and msg.get("raised") and self.loaded and \
-                        self.raised is None:
-                    self.raised = (rank.number, time.monotonic())
+            read, messages = rank.read()
+            got += read
+            for msg in messages:
+                self._heard(rank, msg)
         return got
+
+    def _heard(self, rank: Rank, msg: object) -> None:
+        """What decides blame: a rank's "loading" (the solution is loaded from here on), and
+        a rank that said it raised once it was."""
+        if isinstance(msg, dict) and msg.get("phase") == "loading":
+            self.loaded = True
+        if isinstance(msg, dict) and msg.get("raised") and self.loaded and \
+                self.raised is None:
+            self.raised = (rank.number, time.monotonic())
 
     def settle(self, most: int = 1 << 22) -> None:
         """Read everything the ranks said before the job ended (at most `most` bytes): the
@@ -348,39 +282,13 @@ class Observer:
         self.job = job
         pending: list[socket.socket] = []
         while any(r is None for r in self.ranks):
-            try:
-                conn, _ = self.server.accept()
-                conn.setblocking(True)
-                conn.settimeout(10)
-                pending.append(conn)
-            except BlockingIOError:
-                pass
+            self._accept(pending)
             for conn in list(pending):
                 ready, _, _ = select.select([conn], [], [], 0)
                 if not ready:
                     continue
                 pending.remove(conn)
-                try:
-                    hello = json.loads(conn.recv(4096).split(b"\n")[0])
-                    number = int(hello["rank"])
-                except (OSError, ValueError, KeyError, TypeError):
-                    conn.close()
-                    continue
-                if not 0 <= number < self.world or self.ranks[number] is not None:
-                    conn.close()  # a second claim to a rank is never believed
-                    continue
-                host = hello.get("host") if isinstance(hello, dict) else None
-                if isinstance(host, str) and 0 < len(host) <= 255 and host.isprintable():
-                    self.hosts[number] = host
-                rank = Rank(conn, number)
-                rank.grow(1 << 16)
-                socket.send_fds(conn, [json.dumps({"data_bytes": rank.data_bytes}).encode()],
-                                [rank.ctl_fd, rank.data_fd, self.bell_w, rank.wake_r,
-                                 rank.feed_r])
-                os.close(rank.feed_r)  # the rank's end alone
-                rank.feed_r = -1
-                conn.setblocking(False)
-                self.ranks[number] = rank
+                self._greet(conn)
             if any(r is None for r in self.ranks):
                 if self.job.overdue() or not self.job.alive():
                     self.job.timed_out = self.job.overdue()
@@ -391,6 +299,29 @@ class Observer:
         self.server.close()  # nobody else may claim a rank
         self.path.unlink(missing_ok=True)
 
+    def _accept(self, pending: list[socket.socket]) -> None:
+        """A new connection, if one is waiting, added to `pending` (its hello still unread)."""
+        try:
+            conn, _ = self.server.accept()
+            conn.setblocking(True)
+            conn.settimeout(10)
+            pending.append(conn)
+        except BlockingIOError:
+            pass
+
+    def _greet(self, conn: socket.socket) -> None:
+        """Read a connection's hello and hand the rank it claims its pages."""
+        hello = read_hello(conn)
+        if hello is None:
+            return
+        number, host = hello
+        if not 0 <= number < self.world or self.ranks[number] is not None:
+            conn.close()  # a second claim to a rank is never believed
+            return
+        if host is not None:
+            self.hosts[number] = host
+        self.ranks[number] = Rank.greeted(conn, number, self.bell_w)
+
     # -- calls ---------------------------------------------------------------------------
     def _lay_out(self, trials: list[Trial], holds: list | None = None,
                  scrub: bool = False) -> bool:
@@ -398,69 +329,19 @@ class Observer:
         poison its outputs (a new layout and, if needed, a bigger segment where the shapes
         changed). The inputs are written later, each rank's just before its own gate
         (`_write_inputs`)."""
-        placed_all = []
-        batch = len(trials)
-        for number in range(self.world):
-            specs = []
-            for j, trial in enumerate(trials):
-                if batch == 1:  # a batch's inputs go through the feed, not the segment
-                    specs += [(n, "in", a.shape, a.dtype)
-                              for n, a in trial.inputs[number].items()]
-                specs += [(set_name(n, j, batch), "out", shape, dtype)
-                          for n, (shape, dtype) in trial.outputs[number].items()]
-            placed, size = layout(specs)
-            placed_all.append((self.ranks[number], placed, size))
-        # a batch's inputs come through the feed: where their shapes change, so does the
-        # layout (a staged rank keeps each call's device inputs for the layout's life)
-        feeds = [[[[n, [int(x) for x in a.shape], str(a.dtype)] for n, a in t.inputs[r].items()]
-                  for t in trials] if batch > 1 else [] for r in range(self.world)]
-        changed = any(p != r.placed or f != r.fed
-                      for (r, p, _), f in zip(placed_all, feeds))
+        layouts, feeds, changed = plan_layouts(self.ranks, trials)
         if changed:
             self.version += 1
-        for number, (rank, placed, size) in enumerate(placed_all):
-            remap = size > rank.data_bytes
-            if remap:
-                rank.grow(size * 2)
-            rank.placed = placed
-            rank.fed = feeds[number]
-            v = views(rank.data, placed)
-            inputs = {e[0] for e in placed if e[1] == "in"}
-            for name, kind, _shape, _dtype, _off in placed:
-                if kind == "out" and name not in inputs:
-                    v[name].fill(poison_value(v[name].dtype))
-            info: dict[str, Any] = {"layout": placed, "extra": trials[0].extra[number]}
-            if batch > 1:
-                info.update(batch=batch, extras=[t.extra[number] for t in trials],
-                            feed=feeds[number])
-            if holds:  # this rank's holds, per call: [seconds, where] or None
-                info["holds"] = [[h[1], h[2]] if h and h[0] == number else None
-                                 for h in holds]
-            if scrub:
-                info["scrub"] = True
-            if remap:
-                info["remap"] = rank.data_bytes
-            rank.ctl.write_info(info)
-            rank.ctl.set("layout_version", self.version)
-            if remap:
-                socket.send_fds(rank.conn, [b"{}"], [rank.data_fd])
+        for number, ((placed, size), feed) in enumerate(zip(layouts, feeds)):
+            describe_call(self.ranks[number], placed, size, feed, trials, holds, scrub,
+                          self.version)
         return changed
 
     def _write_inputs(self, number: int, trials: list[Trial]) -> None:
         """Rank `number`'s inputs of this call, written the moment before it may start: no
         rank's inputs are in any process's reach long before that rank's gate, so there is
         no window in which a solution's thread could do the call's work before it is timed."""
-        rank = self.ranks[number]
-        if len(trials) > 1:  # a batch: every call's inputs in order into the rank's feed
-            data = b"".join(np.ascontiguousarray(a).tobytes()
-                            for t in trials for a in t.inputs[number].values())
-            wrote = os.write(rank.feed_w, data) if data else 0
-            if wrote != len(data):  # the last batch's inputs were not all read
-                raise RuntimeError(f"rank {number}'s feed took {wrote} of {len(data)} bytes")
-            return
-        v = views(rank.data, rank.placed)
-        for name, value in trials[0].inputs[number].items():
-            v[name][...] = value
+        write_inputs(self.ranks[number], trials)
 
     def _ask(self, i: int, step: str, k: int) -> None:
         """Ask rank i for step k ("prep", "gate", "fetch"), making sure it has not answered
@@ -512,340 +393,173 @@ class Observer:
         `scrub` (one call): each rank poisons its inputs the moment its own call is complete,
         before it says it is done: they are its caller's again, so a peer that still reads
         them then (an end barrier missing or passed too early) reads poison."""
-        op = self.op
         trials = trial if isinstance(trial, list) else [trial]
-        trial, batch = trials[0], len(trials)
-        if batch > 1 and any(d for t in trials for d in t.delays):
+        if len(trials) > 1 and any(d for t in trials for d in t.delays):
             raise ValueError("a batch of calls has no late ranks")
-        # a rank held back on its device counts as late too: every output is taken at its
-        # rank's own completion
-        held_on_device = batch == 1 and bool(holds) and any(holds)
-        own = own_completion and batch == 1 and (any(trial.delays) or held_on_device)
-        wants: list = [None] * batch
-        slacks: list = [None] * batch
-        if check and op.samples_outputs:
-            wants = [op.expected(t, case.count, case.dtype, case.world, case.params)
-                     for t in trials]
-            slacks = [None if op.exact else op.slack(t, case) for t in trials]
-        changed = self._lay_out(trials, holds, scrub and batch == 1)
+        own = self._takes_own_completion(trials, own_completion, holds)
+        wants, slacks = expected_outputs(self.op, case, trials, check)
+        c = self._begin(trials, check, own, holds, scrub)
+        if self.staged:
+            self._upload(c)
+        self._open_gates(c)
+        self._await_dones(c)
+        early = self._spot_checks(c, wants, slacks) if not self.staged and not own else []
+        if self.staged and not own:
+            self._fetch(c)
+        if check:
+            self._judge(c, case, wants, slacks, holds, early)
+        return c.timing()
+
+    def _takes_own_completion(self, trials: list[Trial], own_completion: bool,
+                              holds: list | None) -> bool:
+        """Whether each rank's outputs are taken at its own completion: asked for, and the
+        call holds a rank back (a rank held back on its device counts as late too)."""
+        held_on_device = len(trials) == 1 and bool(holds) and any(holds)
+        return own_completion and len(trials) == 1 and (any(trials[0].delays)
+                                                        or held_on_device)
+
+    def _begin(self, trials: list[Trial], check: bool, own: bool, holds: list | None,
+               scrub: bool) -> Call:
+        """Lay the call out on every rank, number it, and tell every rank its case."""
+        changed = self._lay_out(trials, holds, scrub and len(trials) == 1)
         self.k += 1
-        k, ranks = self.k, self.ranks
-        for r in ranks:
+        for r in self.ranks:
             r.set("case", self.case_no)
-        order = sorted(range(self.world), key=lambda i: trial.delays[i])
+        delays = trials[0].delays
+        order = sorted(range(self.world), key=lambda i: delays[i])
         # staged: a late rank is prepared at its gate (see protocol.py), except in a call
         # with a new layout, whose preparation allocates and maps buffers on all ranks
         # together (CUDA IPC handles are exchanged): there every rank is prepared first
-        late = ({i for i in range(self.world) if trial.delays[i] > 0}
+        late = ({i for i in range(self.world) if delays[i] > 0}
                 if self.staged and not changed else set())
-        before = after = 0.0
-        if self.staged:
-            # the upload: from this rank's inputs being written to its "ready" (the rank's
-            # whole device idle); the solution's work hidden here is charged (`Timing`)
-            prep = [0.0] * self.world
-            for i in order:
-                if i not in late:
-                    self._write_inputs(i, trials)
-                    prep[i] = time.perf_counter()
-                    self._ask(i, "prep", k)
-            seen = [0.0] * self.world
+        return Call(self.k, trials, check, own, self.world, order, late)
 
-            def prepared() -> bool:
-                for i in range(self.world):
-                    if i not in late and not seen[i] and ranks[i].ctl.get("ready") >= k:
-                        seen[i] = time.perf_counter()
-                return all(seen[i] for i in range(self.world) if i not in late)
+    def _upload(self, c: Call) -> None:
+        """Staged: every rank that is not late prepares its inputs (written just before it
+        is asked), until each says it is ready. The upload: from this rank's inputs being
+        written to its "ready" (the rank's whole device idle); the solution's work hidden
+        here is charged (`Timing`)."""
+        prep = [0.0] * self.world
+        for i in c.order:
+            if i not in c.late:
+                self._write_inputs(i, c.trials)
+                prep[i] = time.perf_counter()
+                self._ask(i, "prep", c.k)
+        seen = [0.0] * self.world
+        ranks, late, k = self.ranks, c.late, c.k
 
-            self._spin(prepared)
-            before = max([seen[i] - prep[i] for i in range(self.world) if i not in late],
-                         default=0.0)
-        gate = [0.0] * self.world
-        done = [0.0] * self.world
-        early: list[str] = []
-        left = set(range(self.world))
-        # own completion: when each rank was told to fetch, when it said it had saved, and
-        # its outputs as they were then (the host backend: when it said it was done)
-        fetched = [0.0] * self.world
-        saved = [0.0] * self.world
-        taken: list[dict[str, np.ndarray] | None] = [None] * self.world
+        def prepared() -> bool:
+            for i in range(self.world):
+                if i not in late and not seen[i] and ranks[i].ctl.get("ready") >= k:
+                    seen[i] = time.perf_counter()
+            return all(seen[i] for i in range(self.world) if i not in late)
 
-        def take(i: int) -> None:
-            r = ranks[i]
-            taken[i] = {n: np.array(a) for n, a in views(r.data, r.placed).items()
-                        if n in trial.outputs[i]}
+        self._spin(prepared)
+        c.before = max([seen[i] - prep[i] for i in range(self.world) if i not in late],
+                       default=0.0)
 
-        def collect() -> bool:
-            # a rank's "done" is taken the moment it is seen, never after another rank's
-            # checks: first every timestamp, then what the dones set off
-            seen = []
-            for i in list(left):
-                if gate[i] and ranks[i].ctl.get("done") >= k:
-                    done[i] = time.perf_counter()
-                    left.discard(i)
-                    seen.append(i)
-            if own:
-                for i in seen:
-                    if self.staged:  # its outputs now, not once the held rank is done too
-                        fetched[i] = time.perf_counter()
-                        self._ask(i, "fetch", k)
-                    elif check:
-                        take(i)
-                if self.staged:
-                    for i in range(self.world):
-                        if fetched[i] and not saved[i] and ranks[i].ctl.get("saved") >= k:
-                            saved[i] = time.perf_counter()
-                            if check:
-                                take(i)
-            return not left
-
+    def _open_gates(self, c: Call) -> None:
+        """Open every rank's gate in turn, a late rank's at its delay (its inputs written
+        just before; staged, it is prepared there too); the others' "done"s are taken while
+        it waits."""
+        trial = c.trial
         start = time.perf_counter()
-        for i in order:
+        for i in c.order:
             at = start + trial.delays[i]
             # a late rank's gate: the others' "done"s are taken while it waits
             while time.perf_counter() < at:
-                collect()
+                self._collect(c)
                 os.sched_yield()
             if trial.delays[i] > 0:
                 # once more as the late gate opens: a "done" said while the observer itself
                 # was not scheduled (a loaded host) is still seen before the gate, not after
-                collect()
-            if not self.staged or i in late:
-                self._write_inputs(i, trials)
-            gate[i] = time.perf_counter()
-            if i in late:
-                self._ask(i, "prep", k)
-            self._ask(i, "gate", k)
-        if own and self.staged:
-            self._spin(lambda: collect() and all(saved))
-            after = max(b - a for a, b in zip(fetched, saved))
+                self._collect(c)
+            if not self.staged or i in c.late:
+                self._write_inputs(i, c.trials)
+            c.gate[i] = time.perf_counter()
+            if i in c.late:
+                self._ask(i, "prep", c.k)
+            self._ask(i, "gate", c.k)
+
+    def _collect(self, c: Call) -> bool:
+        """Take every "done" said since the last look (own completion: ask that rank for its
+        outputs, or take them, and take those it has saved); True once every rank is done."""
+        ranks, k, gate, done, left = self.ranks, c.k, c.gate, c.done, c.left
+        # a rank's "done" is taken the moment it is seen, never after another rank's
+        # checks: first every timestamp, then what the dones set off
+        seen = []
+        for i in list(left):
+            if gate[i] and ranks[i].ctl.get("done") >= k:
+                done[i] = time.perf_counter()
+                left.discard(i)
+                seen.append(i)
+        if c.own:
+            for i in seen:
+                if self.staged:  # its outputs now, not once the held rank is done too
+                    c.fetched[i] = time.perf_counter()
+                    self._ask(i, "fetch", k)
+                elif c.check:
+                    self._take(c, i)
+            if self.staged:
+                for i in range(self.world):
+                    if c.fetched[i] and not c.saved[i] and ranks[i].ctl.get("saved") >= k:
+                        c.saved[i] = time.perf_counter()
+                        if c.check:
+                            self._take(c, i)
+        return not left
+
+    def _take(self, c: Call, i: int) -> None:
+        """Rank i's outputs of the call, as they are now (own completion)."""
+        c.taken[i] = self.ranks[i].outputs(c.trial.outputs[i])
+
+    def _await_dones(self, c: Call) -> None:
+        """Wait until every rank is done (own completion, staged: and has saved its outputs,
+        the fetch phase then being the longest of those)."""
+        if c.own and self.staged:
+            self._spin(lambda: self._collect(c) and all(c.saved))
+            c.after = max(b - a for a, b in zip(c.fetched, c.saved))
         else:
-            self._spin(collect)
-        if not self.staged and not own:
-            # the moment the last rank said it was done, every rank's outputs at positions
-            # drawn now: the call's time ends here, so whatever a rank that said "done" early
-            # had not finished by now is outside it, and wrong (own completion: each rank's
-            # whole outputs were taken when it said it was done)
-            for i in range(self.world):
-                for j, (want, slack) in enumerate(zip(wants, slacks)):
-                    if want is not None:
-                        early.extend(self._spot_check(i, want[i], slack[i] if slack else {},
-                                                      j, batch))
-        if self.staged and not own:  # every rank is done: peers no longer write into
-            # anyone's outputs
-            fetch = time.perf_counter()
-            for i in range(self.world):
-                self._ask(i, "fetch", k)
-            after = max(self._await("saved", k)) - fetch
-        if check:
-            errors = list(early)
-            events = [{"t_enter": gate[i], "t_exit": done[i]} for i in range(self.world)]
-            for j, (t, want, slack) in enumerate(zip(trials, wants, slacks)):
-                if own:
-                    got = list(taken)
-                else:
-                    sets = [batch_sets(views(r.data, r.placed), batch)[j] for r in ranks]
-                    got = [{n: np.array(a) for n, a in sets[r.number].items()
-                            if n in t.outputs[r.number]} for r in ranks]
-                try:
-                    if want is not None:
-                        found = op.verify(t, got, events, case, self.s.rtol, self.s.atol,
-                                          want=want, slack=slack)
-                    else:
-                        found = op.verify(t, got, events, case, self.s.rtol, self.s.atol)
-                except Exception as exc:  # noqa: BLE001 - outputs an oracle cannot even read
-                    found = [f"the outputs could not be checked ({type(exc).__name__}: "
-                             f"{str(exc)[:200]})"]
-                errors += [f"call {j + 1} of {batch} back to back: {m}" if batch > 1 else m
-                           for m in found]
-            if errors and own and any(trial.outputs):
-                if any(trial.delays):
-                    held = ", ".join(str(i) for i in range(self.world) if trial.delays[i] > 0)
-                    why = f"rank {held} held back {1e3 * max(trial.delays):g} ms"
-                else:
-                    h = holds[0]
-                    why = f"rank {h[0]}'s stream held back {1e3 * h[1]:.1f} ms on its device"
-                errors = [f"{m} ({why}; every rank's outputs as they were when its own call "
-                          "completed)" for m in errors]
-            if errors:
-                raise WrongAnswer(errors)
-        return Timing((max(done) - max(gate)) / batch, before / batch, after / batch)
+            self._spin(lambda: self._collect(c))
 
-    def _spot_check(self, number: int, want: dict[str, np.ndarray],
-                    slack: dict[str, np.ndarray], j: int = 0, batch: int = 1) -> list[str]:
-        """Outputs at positions drawn now, the moment the rank said it was done (call j of
-        a batch of calls: its buffer set)."""
-        rank = self.ranks[number]
-        v = batch_sets(views(rank.data, rank.placed), batch)[j]
-        errors = []
-        exact = self.op.exact
-        which = f" (call {j + 1} of {batch} back to back)" if batch > 1 else ""
-        for name, w in want.items():
-            got = v.get(name)
-            w = np.asarray(w)
-            if got is None or got.shape != w.shape or got.size == 0:
-                continue
-            idx = self.rng.integers(0, got.size, size=min(SAMPLES, got.size))
-            g = got.reshape(-1)[idx].copy()
-            tol = 0.0 if exact else self.s.atol
-            if not exact and name in slack:
-                tol = tol + np.asarray(slack[name]).reshape(-1)[idx]
-            msg = compare(g, w.reshape(-1)[idx], 0.0 if exact else self.s.rtol, tol)
-            if msg:
-                errors.append(f"rank {number}: output '{name}'{which} was not complete when "
-                              f"the rank said it was done (spot check of {idx.size} positions: "
-                              f"{msg})")
-        return errors
+    def _spot_checks(self, c: Call, wants: list, slacks: list) -> list[str]:
+        """The host backend, the moment the last rank said it was done: every rank's outputs
+        at positions drawn now. The call's time ends here, so whatever a rank that said
+        "done" early had not finished by now is outside it, and wrong (own completion: each
+        rank's whole outputs were taken when it said it was done)."""
+        early: list[str] = []
+        for i in range(self.world):
+            for j, (want, slack) in enumerate(zip(wants, slacks)):
+                if want is not None:
+                    early.extend(spot_check(self.ranks[i], want[i], slack[i] if slack else {},
+                                            self.rng, self.op.exact, self.s.rtol, self.s.atol,
+                                            j, c.batch))
+        return early
 
-    def run_case(self, case: Case) -> list[Timing]:
-        """Trials, warm-up and timed repetitions of one case; returns the repetitions' times.
-        Raises WrongAnswer with every message labelled by the call it came from."""
-        label = f"count={case.count} {case.dtype}"
-        where = ""
-        self.where = f"case {case.id} ({label}), "
-        self.case_no += 1
-        for r in self.ranks:  # every case begins with a new layout (the ranks' new buffers)
-            r.placed = []
-        times: list[Timing] = []
-        try:
-            checking = self.trials or not self.timed
-            for t, trial in enumerate(case.trials if checking else []):
-                where = f"trial {t}"
-                self.call(case, trial, check=True, own_completion=True,
-                          holds=self._first_hold(case, t, trial), scrub=True)
-            if checking and self.s.stress > 1:
-                where = "calls back to back"
-                self.stress(case)
-            if self.timed and self.s.reps > 0:
-                where = "warm-up"
-                last = self.op.timed_trial(self.rng, case)
-                # the first call pays what is paid once (connections set up, code compiled):
-                # the warm-up fills WARMUP_S after it
-                warm = [self.call(case, last, check=False).call]
-                while len(warm) < max(self.s.warmup, 2) or (
-                        len(warm) <= MAX_WARMUP_CALLS and sum(warm[1:]) < WARMUP_S):
-                    warm.append(self.call(case, last, check=False).call)
-                batch = self.batches.get(case.id)
-                if batch is None:
-                    batch = self.batches[case.id] = self._batch_size(
-                        case, last, float(np.median(warm[1:])))
-                elif batch > 1:  # the batch's buffer sets, touched once before they are timed
-                    self.call(case, self._draw(case, batch), check=False)
-                began, spent = time.perf_counter(), 0.0
-                while True:
-                    where = f"timed repetition {len(times)}"
-                    times.append(self.call(case, self._draw(case, batch), check=True))
-                    spent += times[-1].call * batch
-                    wall = time.perf_counter() - began
-                    if len(times) >= self.s.reps and (
-                            spent >= self.s.timing_budget or len(times) >= self.s.max_reps
-                            or wall >= self.s.wall_s):
-                        break
-                    # the largest sizes: drawing, writing and checking fresh inputs costs
-                    # the observer seconds a call; bandwidth-bound calls vary little
-                    if len(times) >= MIN_REPS and wall >= self.s.wall_s:
-                        break
-            elif self.s.reps > 0:
-                # untimed (template, mutants): still a few calls on fresh inputs
-                for n in range(min(self.s.reps, 3)):
-                    where = f"repetition {n}"
-                    self.call(case, self.op.timed_trial(self.rng, case), check=True)
-        except WrongAnswer as exc:
-            raise WrongAnswer([f"[{label}, {where}] {m}" for m in exc.errors]) from None
-        return times
+    def _fetch(self, c: Call) -> None:
+        """Staged: once every rank is done (peers no longer write into anyone's outputs),
+        every rank fetches its outputs; the fetch phase lasts until the last says saved."""
+        fetch = time.perf_counter()
+        for i in range(self.world):
+            self._ask(i, "fetch", c.k)
+        c.after = max(self._await("saved", c.k)) - fetch
 
-    def _first_hold(self, case: Case, t: int, trial: Trial) -> list | None:
-        """The first call of a case (where every rank's buffers are new, so all are prepared
-        together): one rank, drawn at random, held back on its device (its stream waits)
-        after its call has begun, where the ranks can be (a staged backend, the stress phase
-        on). With each rank's inputs poisoned the moment its own call is complete (`scrub`),
-        a peer that passes its closing barrier before the held rank has read its inputs is
-        caught, whatever its flags held from the calls before (an epoch restarted with the
-        size, a barrier that trusts a stale flag), and so is one whose outputs a peer
-        completes after its own call (outputs are taken at each rank's own completion, as
-        in a late trial). Only where the task has late trials (a peer-completed output is
-        no fault where its contract says a peer writes it)."""
-        if (t != 0 or not self.staged or self.s.stress <= 1 or not case.late
-                or any(trial.delays)):
-            return None
-        return [(int(self.rng.integers(self.world)), float(self.rng.uniform(*FIRST_HOLD_S)),
-                 "device")]
+    def _judge(self, c: Call, case: Case, wants: list, slacks: list, holds: list | None,
+               early: list[str]) -> None:
+        """Every output of every call against the oracle, after what the spot checks found;
+        raises WrongAnswer with all of it."""
+        events = [{"t_enter": c.gate[i], "t_exit": c.done[i]} for i in range(self.world)]
 
-    def stress(self, case: Case) -> bool:
-        """The stress phase: `Settings.stress` calls made back to back on every rank, with no
-        gate, "done" or fetch between them (as a training loop makes them), each on a buffer
-        set of its own with its inputs written just before it, one rank held back on the host
-        or on its device before some of them; every output of every call checked. What one
-        gated call at a time hides fails here: a barrier dropped after the first calls, flags
-        or epochs that go wrong when a peer is a call ahead, scratch a peer overwrites while
-        this rank still reads it. Only where the calls fit (segment, feed) and the op's check
-        allows batches; False where the case was not stressed."""
-        if not self.op.batchable:
-            return False
-        room = min(r.feed_bytes for r in self.ranks)
-        n = self.s.stress
-        while n >= 2:
-            trials = [self.op.timed_trial(self.rng, case) for _ in range(n)]
-            if any(d for t in trials for d in t.delays):
-                return False
-            outs, ins = footprint(trials, self.world)
-            if outs <= STRESS_BYTES and ins <= room:
-                break
-            n //= 2
-        else:
-            return False
-        holds: list = [None]
-        for _ in range(n - 1):
-            held = self.rng.random() < STRESS_HOLD_P
-            holds.append((int(self.rng.integers(self.world)),
-                          float(self.rng.uniform(*STRESS_HOLD_S)),
-                          "device" if self.staged and self.rng.random() < 0.5 else "host")
-                         if held else None)
-        try:
-            self.call(case, trials, check=True, holds=holds)
-        except WrongAnswer as exc:
-            said = "; ".join(f"call {j + 1}: rank {h[0]} held {1e6 * h[1]:.0f} us on its {h[2]}"
-                             for j, h in enumerate(holds) if h)
-            raise WrongAnswer([f"{m} ({n} calls back to back with no synchronization between "
-                               f"them{'; ' + said if said else ''})" for m in exc.errors]
-                              ) from None
-        return True
+        def outputs(j: int) -> list[dict[str, np.ndarray]]:
+            if c.own:
+                return list(c.taken)
+            return call_outputs(self.ranks, c.trials[j], j, c.batch)
 
-    def _draw(self, case: Case, batch: int) -> Trial | list[Trial]:
-        """Fresh inputs for a timed repetition: one trial, or one per call of a batch."""
-        if batch <= 1:
-            return self.op.timed_trial(self.rng, case)
-        room = min(r.feed_bytes for r in self.ranks)
-        for _ in range(DRAWS):
-            trials = [self.op.timed_trial(self.rng, case) for _ in range(batch)]
-            if footprint(trials, self.world)[1] <= room:
-                return trials
-        raise RuntimeError(f"{DRAWS} batches of {batch} calls drawn, none fits the ranks' "
-                           f"feeds ({room} bytes)")
-
-    def _batch_size(self, case: Case, trial: Trial, per_call: float) -> int:
-        """Calls per timed batch: grown from the warm-up's time per call (which is mostly
-        the gate's and the "done"'s cost where calls are short) by timing trial batches until
-        one lasts BATCH_S, within MAX_BATCH, BATCH_BYTES of outputs and the ranks' feeds (1:
-        no batching here, or a call that is long already). The trial batches also warm the
-        buffer sets."""
-        if not self.batch or per_call <= 0 or per_call >= BATCH_S:
-            return 1
-        # in the segment: the outputs (the inputs go through the feed); a call's inputs may
-        # vary in size (MoE routing is drawn per call): room for twice the warm-up's in the
-        # feed, and a batch that would still not fit is drawn again
-        per_set, fed = footprint([trial], self.world)
-        most = max(1, min(MAX_BATCH, BATCH_BYTES // max(per_set, 1),
-                          min(r.feed_bytes for r in self.ranks) // max(2 * fed, 1)))
-        batch = max(1, min(most, int(np.ceil(BATCH_S / per_call))))
-        while batch > 1:
-            # the fastest of a few: a batch of calls of microseconds that met a scheduler
-            # tick would stop the growth where the calls are still mostly the gate's cost
-            took = min(self.call(case, self._draw(case, batch), check=False).call
-                       for _ in range(TRIAL_BATCHES)) * batch
-            if took >= BATCH_S or batch >= most:
-                break
-            batch = min(most, max(batch + 1, int(np.ceil(batch * BATCH_S / max(took, 1e-9)))))
-        return batch
+        errors = list(early) + verify_calls(self.op, case, c.trials, outputs, events, wants,
+                                            slacks, self.s.rtol, self.s.atol)
+        if errors and c.own and any(c.trial.outputs):
+            errors = held_back(errors, c.trial, holds, self.world)
+        if errors:
+            raise WrongAnswer(errors)
 
     def end(self, index: int) -> None:
         """Tell every rank that case `index` (1-based) and those before it are over."""
@@ -854,39 +568,5 @@ class Observer:
                 r.set("end", index)
 
 
-def footprint(trials: list[Trial], world: int) -> tuple[int, int]:
-    """The most bytes any rank needs for these calls back to back: (outputs, which take its
-    segment; inputs, which go through its feed)."""
-    outs = max(sum(int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
-                   for t in trials for shape, dtype in t.outputs[r].values())
-               for r in range(world))
-    ins = max(sum(a.nbytes for t in trials for a in t.inputs[r].values()) for r in range(world))
-    return outs, ins
-
-
-class WrongAnswer(Exception):
-    def __init__(self, errors: list[str]) -> None:
-        super().__init__(errors[0] if errors else "")
-        self.errors = errors
-
-
-def guard_reports(out: Path, world: int) -> list[dict]:
-    """Reports the run-time guard wrote (a forbidden call ended a rank): `guard_r<rank>.json`
-    of each rank in the job's `out` folder, read as `jobfiles` reads a job's files (never
-    through a link, never a FIFO, 8 KiB at most)."""
-    found = []
-    for rank in range(world):
-        data = jobfiles.read(out.parent, f"{out.name}/{guard_file(rank)}", 8192)
-        if data is None:
-            continue
-        try:
-            line = data.decode(errors="replace").splitlines()[0]
-            report = json.loads(line)
-            found.append(report if isinstance(report, dict) else {"forbidden": str(report)})
-        except Exception:  # noqa: BLE001 - a report the solution mangled is still a report
-            found.append({"forbidden": "(unreadable report)"})
-    return found
-
-
-__all__ = ["GUARD_EXIT", "JobEnded", "Observer", "Settings", "Timing", "WrongAnswer", "charged",
-           "guard_reports", "phase_baseline"]
+__all__ = ["GUARD_EXIT", "PHASE_TOLERANCE", "JobEnded", "Observer", "Settings", "Timing",
+           "WrongAnswer", "charged", "guard_reports", "phase_baseline"]
