@@ -1,6 +1,6 @@
 """The session's parts, each in a module named for its job, and the names they keep importable
 from `pytest_commbench.session`; the ThunderKittens folder handed to the platform, never
-written into the controller's environment."""
+written into the controller's environment; the job runner's judging of how a job ended."""
 
 from __future__ import annotations
 
@@ -11,9 +11,12 @@ from types import SimpleNamespace
 import pytest
 
 from pytest_commbench import makers, options, session
+from pytest_commbench.engine import job
+from pytest_commbench.launch import JobResult
 from pytest_commbench.platforms.gpu import software_features
 from pytest_commbench.tasks import load_task
 from pytest_commbench.toolchains import nvidia
+from pytest_commbench.verdicts import Verdict
 
 REPO = Path(__file__).resolve().parent.parent.parent
 
@@ -92,3 +95,25 @@ def test_without_the_option_the_headers_are_where_the_environment_says(kittens, 
     makers._find_thunderkittens(Config(), platform)  # the option read from the variable
     assert platform.thunderkittens == kittens.resolve()
 
+
+def _result(timed_out: bool) -> JobResult:
+    return JobResult(returncode=-9, output="", seconds=1.0, timed_out=timed_out)
+
+
+def test_an_observer_failure_before_the_solution_loads_is_raised():
+    outcome = job.Outcome(Verdict.PASS)
+    with pytest.raises(KeyError):
+        job._judge_ending(outcome, KeyError("x"), False, _result(False), 5.0, None)
+    job._judge_ending(outcome, KeyError("x"), True, _result(False), 5.0, None)
+    assert outcome.verdict is Verdict.RUNTIME_ERROR
+    assert outcome.message.startswith("the job made the observer fail (KeyError")
+
+
+def test_an_infrastructure_end_after_the_solution_loads_is_the_solutions():
+    outcome = job.Outcome(Verdict.INFRA_ERROR)
+    job._judge_ending(outcome, None, True, _result(True), 5.0, None)
+    assert outcome.verdict is Verdict.TIMEOUT
+    assert outcome.message == "the job did not finish within 5 s and was killed"
+    misplaced = job.Outcome(Verdict.INFRA_ERROR)
+    job._judge_ending(misplaced, None, True, _result(False), 5.0, "rank 1 landed on b")
+    assert misplaced.verdict is Verdict.INFRA_ERROR
