@@ -24,8 +24,8 @@ from .record import (
 )
 from .record import junit_properties as _junit
 from .results import entries
+from .run_state import STATE
 from .scoring import band
-from .session import STATE
 from .tasks import MANIFEST, ManifestError, Task, load_task, task_hash
 from .verdicts import Verdict
 

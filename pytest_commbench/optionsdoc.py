@@ -12,7 +12,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from .session import GROUPS, OPTIONS, flag_name, group_of
+from .options import GROUPS, OPTIONS, flag_name, group_of
 
 OPTIONS_SECTION = "options"
 COMMANDS_SECTION = "commands"

@@ -11,21 +11,15 @@ from .agent import GeakAgent
 from .items import TaskItem, TaskManifest, is_manifest, record_crashed_item, record_from_report
 from .launch import install_stop_handlers
 from .leaderboard import render_run
+from .makers import AGENT_NAMES
 from .models.api import api_model_names, make_api_model
 from .models.builtin import BUILTIN_NAMES, make_builtin
+from .option_sources import setting
+from .options import GROUPS, OPTIONS, flag_name, group_of, labelled
 from .platforms import make as make_platform
 from .record import ResultLine
-from .session import (
-    AGENT_NAMES,
-    GROUPS,
-    OPTIONS,
-    STATE,
-    create,
-    flag_name,
-    group_of,
-    labelled,
-    setting,
-)
+from .run_state import STATE
+from .session import create
 from .tasks import marker_names
 
 

@@ -16,8 +16,9 @@ from typing import Any
 import pytest
 
 from .models.conversation import _safe
+from .option_sources import given, lookup, renamed, setting
+from .options import flag_name
 from .record import ResultLine
-from .session import flag_name, given, lookup, renamed, setting
 from .verdicts import Verdict
 
 #: options that only models which can be asked use (their reason, for the warning)

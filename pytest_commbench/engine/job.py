@@ -16,7 +16,7 @@ import numpy as np
 
 from .. import build, cupti_guard, interposer, jobfiles, nodes, observer, sandbox
 from ..build import ALWAYS_FORBIDDEN_C, native_forbid, task_forbid
-from ..launch import SINGLE_NODE_BTL, Job, find_mpiexec, mpi_env
+from ..launch import SINGLE_NODE_BTL, Job, JobResult, find_mpiexec, mpi_env
 from ..rank import protocol
 from ..settings import Settings
 from ..tasks import Task
@@ -141,7 +141,42 @@ def sanitizer_findings(out: Path, world: int, tool: str) -> tuple[str, str] | No
 def run_job(plan: Plan, artifact: Path, job_dir: Path, timed: bool,
             trials: bool = True, sanitize: str | None = None) -> Outcome:
     """The job runner: one job of ranks running every case of the plan (see `JobRunner`)."""
-    task, world, platform, settings = plan.task, plan.world, plan.platform, plan.settings
+    out, code, job_file = write_job(plan, artifact, job_dir, trials, sanitize)
+    env = job_env(plan, job_dir, out, code, sanitize)
+    argv = job_argv(plan, job_dir, job_file, env, out, sanitize)
+    obs = job_observer(plan, job_dir, timed, trials, sanitize)
+    outcome = Outcome(Verdict.PASS)
+    failure: Exception | None = None
+    misplaced: str | None = None  # where the ranks landed, where not where they were asked
+    job = Job(argv, job_dir, plan.deadline, env=env)
+    try:
+        began = time.monotonic()
+        obs.connect(job)
+        connected = time.monotonic()
+        misplaced = nodes.misplaced(plan.nodes, obs.hosts) if plan.nodes else None
+        if misplaced:  # the launcher's doing, whatever the ranks did since
+            raise observer.JobEnded(Verdict.INFRA_ERROR, misplaced)
+        _run_cases(plan, obs, job, outcome, (began, connected))
+    except observer.WrongAnswer as exc:
+        _wrong_answer(outcome, exc)
+    except observer.JobEnded as exc:
+        _job_ended(outcome, exc, plan.nodes)
+    except Exception as exc:  # judged below, once every rank's last words are read
+        failure = exc
+    finally:
+        result = _end_job(plan, obs, job, out)
+    _judge_ending(outcome, failure, obs.loaded, result, plan.deadline, misplaced)
+    outcome.output, outcome.seconds = result.output, result.seconds
+    outcome.batches = obs.batches
+    outcome.hosts = list(obs.hosts)
+    return _with_evidence(outcome, result, out, plan, obs.loaded, sanitize)
+
+
+def write_job(plan: Plan, artifact: Path, job_dir: Path, trials: bool,
+              sanitize: str | None) -> tuple[Path, Path, Path]:
+    """A fresh job folder: the solution staged, the job's spec written for its ranks; its
+    outputs' folder, the code folder and the job file."""
+    task, platform, settings = plan.task, plan.platform, plan.settings
     if job_dir.exists():
         shutil.rmtree(job_dir)
     out, scratch = job_dir / "out", job_dir / "scratch"
@@ -159,6 +194,15 @@ def run_job(plan: Plan, artifact: Path, job_dir: Path, timed: bool,
         cases=[{"id": c.id, "args": c.args, "params": c.params} for c in plan.cases])
     job_file = job_dir / "ro" / protocol.JOB_FILE
     job_file.write_text(spec.to_json())
+    return out, code, job_file
+
+
+def job_env(plan: Plan, job_dir: Path, out: Path, code: Path,
+            sanitize: str | None) -> dict[str, str]:
+    """The ranks' environment: MPI's, the platform's, the lease's, and the guards each rank
+    loads (the MPI interposer, the CUDA run-time guard), copied into the job's folder."""
+    task, platform, settings = plan.task, plan.platform, plan.settings
+    scratch = job_dir / "scratch"
     env = {**mpi_env(), **platform.env(), **plan.lease_env, "PYTHONPATH": str(code),
            protocol.ENV_GUARD_REPORT: str(out / protocol.GUARD_REPORT), "TMPDIR": "/tmp",
            # compile caches of the job's own (a shared one could carry a solution's kernels
@@ -178,15 +222,32 @@ def run_job(plan: Plan, artifact: Path, job_dir: Path, timed: bool,
         staged = job_dir / "ro" / watch.name
         shutil.copyfile(watch, staged)
         env[cupti_guard.GUARD_ENV] = str(staged)
+    return env
+
+
+def job_argv(plan: Plan, job_dir: Path, job_file: Path, env: dict[str, str], out: Path,
+             sanitize: str | None) -> list[str]:
+    """What starts the ranks: the platform's launcher (under the memory checker where asked,
+    on the plan's nodes), inside the job's sandbox unless unsandboxed. A job over several
+    nodes drops the single-node transports from `env`."""
+    platform, settings = plan.platform, plan.settings
     wrap = platform.sanitizer(sanitize, out) if sanitize else None
     if sanitize and wrap is None:
         raise RuntimeError(f"platform {platform.name} has no memory checker for {sanitize}")
     placed = {"nodes": plan.nodes} if plan.nodes else {}  # each rank's node, named
-    argv = platform.launch_argv(world, job_file, tuple(wrap or ()), **placed)
+    argv = platform.launch_argv(plan.world, job_file, tuple(wrap or ()), **placed)
     if nodes.spans(plan.nodes) and env.get("OMPI_MCA_btl") == SINGLE_NODE_BTL:
         del env["OMPI_MCA_btl"]  # ranks on other nodes need the network's transports
     if not settings.unsandboxed:
         argv = sandbox.wrap(job_dir, argv, env, hide=hidden(settings))
+    return argv
+
+
+def job_observer(plan: Plan, job_dir: Path, timed: bool, trials: bool,
+                 sanitize: str | None) -> observer.Observer:
+    """The observer of the job's ranks, with the plan's timing settings and inputs drawn from
+    the job's own seed."""
+    task, platform, settings = plan.task, plan.platform, plan.settings
     obs_settings = observer.Settings(
         reps=settings.reps, max_reps=settings.max_reps, timing_budget=settings.timing_budget,
         warmup=settings.warmup, wall_s=settings.timing_wall, rtol=task.check.rtol,
@@ -198,84 +259,94 @@ def run_job(plan: Plan, artifact: Path, job_dir: Path, timed: bool,
     # batches of calls: Python solutions on the host backend; on a GPU (a device buffer set,
     # a compiled solution's context and its IPC mappings per call) where asked for
     batch = platform.batches(task, settings.gpu_batch)
-    obs = observer.Observer(job_dir, world, plan.op, obs_settings, rng,
-                            staged=platform.staged, timed=timed, trials=trials,
-                            batch=batch,
-                            batches=dict(plan.batches) if plan.batches else None)
-    outcome = Outcome(Verdict.PASS)
-    failure: Exception | None = None
-    misplaced: str | None = None  # where the ranks landed, where not where they were asked
-    job = Job(argv, job_dir, plan.deadline, env=env)
+    return observer.Observer(job_dir, plan.world, plan.op, obs_settings, rng,
+                             staged=platform.staged, timed=timed, trials=trials,
+                             batch=batch,
+                             batches=dict(plan.batches) if plan.batches else None)
+
+
+def _run_cases(plan: Plan, obs: observer.Observer, job: Job, outcome: Outcome,
+               started: tuple[float, float]) -> None:
+    """Every case of the plan, then the ranks' clean end (a JobEnded where they do not end
+    cleanly); the phases' seconds: connecting, calling, ending."""
+    began, connected = started
+    for index, case in enumerate(plan.cases, start=1):
+        outcome.times[case.id] = obs.run_case(case)
+        obs.end(index)
+    called = time.monotonic()
+    job.end = min(job.end, time.monotonic() + END_GRACE_S)
+    job.wait()
+    outcome.phases_s = (round(connected - began, 3), round(called - connected, 3),
+                        round(time.monotonic() - called, 3))
+    if job.alive() or job.proc.returncode != 0:
+        raise observer.JobEnded(Verdict.RUNTIME_ERROR, "the ranks did not end cleanly "
+                                                       "after their last call")
+
+
+def _wrong_answer(outcome: Outcome, exc: observer.WrongAnswer) -> None:
+    outcome.verdict = Verdict.WRONG_ANSWER
+    outcome.message = exc.errors[0]
+    more = exc.errors[1:MAX_MESSAGES]
+    outcome.detail = "\n".join(more + ([f"... {len(exc.errors) - MAX_MESSAGES} more"]
+                                       if len(exc.errors) > MAX_MESSAGES else []))
+
+
+def _job_ended(outcome: Outcome, exc: observer.JobEnded, placed: list[str] | None) -> None:
+    outcome.verdict, outcome.message, outcome.detail = exc.verdict, exc.message, exc.detail
+    if nodes.spans(placed) and "never reached the observer" in exc.message:
+        outcome.detail = "\n".join(filter(None, [outcome.detail, (
+            "the ranks were placed on nodes " + ", ".join(dict.fromkeys(placed)) +
+            ": a rank on another node reaches the observer only through a filesystem "
+            "the nodes share (the job's folder) on one kernel, as simulated hosts do; "
+            "docs/cluster-design.md says what serves ranks on real nodes")]))
+
+
+def _end_job(plan: Plan, obs: observer.Observer, job: Job, out: Path) -> JobResult:
+    """The job ended (killed where it lingers) and every rank's last words read; its result."""
+    obs.end(len(plan.cases))
+    result = job.finish()
     try:
-        began = time.monotonic()
-        obs.connect(job)
-        connected = time.monotonic()
-        if plan.nodes:
-            misplaced = nodes.misplaced(plan.nodes, obs.hosts)
-            if misplaced:  # the launcher's doing, whatever the ranks did since
-                raise observer.JobEnded(Verdict.INFRA_ERROR, misplaced)
-        for index, case in enumerate(plan.cases, start=1):
-            outcome.times[case.id] = obs.run_case(case)
-            obs.end(index)
-        called = time.monotonic()
-        job.end = min(job.end, time.monotonic() + END_GRACE_S)
-        job.wait()
-        outcome.phases_s = (round(connected - began, 3), round(called - connected, 3),
-                            round(time.monotonic() - called, 3))
-        if job.alive() or job.proc.returncode != 0:
-            raise observer.JobEnded(Verdict.RUNTIME_ERROR, "the ranks did not end cleanly "
-                                                           "after their last call")
-    except observer.WrongAnswer as exc:
-        outcome.verdict = Verdict.WRONG_ANSWER
-        outcome.message = exc.errors[0]
-        more = exc.errors[1:MAX_MESSAGES]
-        outcome.detail = "\n".join(more + ([f"... {len(exc.errors) - MAX_MESSAGES} more"]
-                                           if len(exc.errors) > MAX_MESSAGES else []))
-    except observer.JobEnded as exc:
-        outcome.verdict, outcome.message, outcome.detail = exc.verdict, exc.message, exc.detail
-        if nodes.spans(plan.nodes) and "never reached the observer" in exc.message:
-            outcome.detail = "\n".join(filter(None, [outcome.detail, (
-                "the ranks were placed on nodes " + ", ".join(dict.fromkeys(plan.nodes)) +
-                ": a rank on another node reaches the observer only through a filesystem "
-                "the nodes share (the job's folder) on one kernel, as simulated hosts do; "
-                "docs/cluster-design.md says what serves ranks on real nodes")]))
-    except Exception as exc:  # judged below, once every rank's last words are read
-        failure = exc
+        # whether a rank began to load the solution decides who is to blame: read all
+        # the ranks said before the job ended, not only what the observer had read
+        obs.settle()
     finally:
-        obs.end(len(plan.cases))
-        result = job.finish()
-        try:
-            # whether a rank began to load the solution decides who is to blame: read all
-            # the ranks said before the job ended, not only what the observer had read
-            obs.settle()
-        finally:
-            obs.close()
-            if settings.unsandboxed:  # a sandbox's daemons die with it; here one may be left
-                platform.reap(out)
+        obs.close()
+        if plan.settings.unsandboxed:  # a sandbox's daemons die with it; here one may be left
+            plan.platform.reap(out)
+    return result
+
+
+def _judge_ending(outcome: Outcome, failure: Exception | None, loaded: bool, result: JobResult,
+                  deadline: float, misplaced: str | None) -> None:
+    """Whose fault the job's end is: an observer's failure is re-raised unless a rank began
+    to load the solution (then the solution's); an infrastructure error likewise."""
     if failure is not None:
         # after a rank began to load the solution, whatever made the observer fail came
         # through the solution's reach (its outputs, its messages, its processes): its fault
-        if not obs.loaded:
+        if not loaded:
             raise failure
         outcome.verdict = Verdict.RUNTIME_ERROR
         outcome.message = (f"the job made the observer fail ({type(failure).__name__}: "
                            f"{str(failure)[:300]})")
-    elif outcome.verdict is Verdict.INFRA_ERROR and obs.loaded and not misplaced:
+    elif outcome.verdict is Verdict.INFRA_ERROR and loaded and not misplaced:
         # the observer said "not loaded yet" before it had read every rank's word: a rank
         # had begun to load the solution, so the job's end is the solution's
         outcome.verdict = Verdict.TIMEOUT if result.timed_out else Verdict.RUNTIME_ERROR
-        outcome.message = (f"the job did not finish within {plan.deadline:g} s and was killed"
+        outcome.message = (f"the job did not finish within {deadline:g} s and was killed"
                            if result.timed_out else "the job ended early")
-    outcome.output, outcome.seconds = result.output, result.seconds
-    outcome.batches = obs.batches
-    outcome.hosts = list(obs.hosts)
-    if sanitize and obs.loaded:
-        found = sanitizer_findings(out, world, sanitize)
+
+
+def _with_evidence(outcome: Outcome, result: JobResult, out: Path, plan: Plan, loaded: bool,
+                   sanitize: str | None) -> Outcome:
+    """The memory checker's findings, which outrank however the job ended; else the blame of
+    a runtime error or timeout (a kill from outside the job, the rank that failed)."""
+    if sanitize and loaded:
+        found = sanitizer_findings(out, plan.world, sanitize)
         if found:  # the checker's evidence outranks however the job ended
             outcome.verdict, (outcome.message, outcome.detail) = Verdict.WRONG_ANSWER, found
             return outcome
-    if outcome.verdict is Verdict.RUNTIME_ERROR and not settings.unsandboxed:
+    if outcome.verdict is Verdict.RUNTIME_ERROR and not plan.settings.unsandboxed:
         killed_outside(result)
     if outcome.verdict in (Verdict.RUNTIME_ERROR, Verdict.TIMEOUT):
-        blame(outcome, result, out, world, obs.loaded)
+        blame(outcome, result, out, plan.world, loaded)
     return outcome

@@ -42,7 +42,7 @@ class ApiModel(AskableModel):
 
 
 def _user_file(config) -> Path | None:
-    from ..session import setting
+    from ..option_sources import setting
 
     value = setting(config, "models_file")
     if not value:
@@ -54,7 +54,7 @@ def _user_file(config) -> Path | None:
 def make_api_model(config, name: str) -> ApiModel | None:
     """The registry's model called `name` (None: not a registry name). A broken registry
     file or a bad `openai:` name is a ValueError (a usage error naming it)."""
-    from ..session import lookup, setting
+    from ..option_sources import lookup, setting
     from .registry import resolve
 
     spec = resolve(name, _user_file(config))

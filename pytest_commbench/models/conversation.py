@@ -79,7 +79,8 @@ class AskableModel(Model):
         """What the session knows when the first item asks: runs_dir, run (its id),
         base_url, timeout_s, max_tokens, samples, temperature, regenerate, fingerprint (the
         platform's); at collection only samples."""
-        from ..session import STATE, setting
+        from ..option_sources import setting
+        from ..run_state import STATE
 
         config = self.config
         state = config.stash.get(STATE, None)

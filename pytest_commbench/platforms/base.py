@@ -75,6 +75,9 @@ class Platform:
     # where jobs' ranks run over nodes (session: --commbench-launcher, --commbench-hostfile,
     # --commbench-ranks-per-node, a batch system's allocation); None: on this node only
     node_placement: over_nodes.Placement | None = None
+    # the ThunderKittens headers' folder (session: --commbench-thunderkittens); None: where
+    # COMMBENCH_THUNDERKITTENS names (`toolchains.nvidia.thunderkittens_include`)
+    thunderkittens: Path | None = None
 
     def skip_reason(self, task: Task, world: int) -> str | None:
         """Why this platform cannot run the task at this world size, or None."""

@@ -110,13 +110,14 @@ def rank_cpus(gpu_ids: list[str], local: dict[str, list[int]], allowed: set[int]
     return plan
 
 
-def software_features() -> frozenset[str]:
+def software_features(thunderkittens: str | Path | None = None) -> frozenset[str]:
     """Features that come from what is installed rather than from the GPU: PyTorch (the torch
-    tasks) and the ThunderKittens headers (the ThunderKittens tasks)."""
+    tasks) and the ThunderKittens headers (the ThunderKittens tasks; `thunderkittens`: where,
+    see `thunderkittens_include`)."""
     found = set()
     if importlib.util.find_spec("torch") is not None:
         found.add("torch")
-    if thunderkittens_include() is not None:
+    if thunderkittens_include(thunderkittens) is not None:
         found.add("thunderkittens")
     return frozenset(found)
 
@@ -176,7 +177,7 @@ class GpuPlatform(Platform):
         return f"shared: up to {self.ranks_per_gpu} ranks per GPU, under MPS{jobs}"
 
     def features(self, world: int) -> frozenset[str]:
-        have = self.profile.features | software_features()
+        have = self.profile.features | software_features(self.thunderkittens)
         return have - {DISTINCT} if self.shared(world) else have
 
     def visible_gpus(self) -> int:

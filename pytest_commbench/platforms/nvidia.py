@@ -217,7 +217,7 @@ class NvidiaPlatform(GpuPlatform):
 
     def build(self, task: Task, source: str, cache_dir: Path):
         if task.language in ("cuda", "hip"):  # HIP on NVIDIA: through the HIP->CUDA header
-            return build_cuda(task, source, cache_dir, self.profile.arch)
+            return build_cuda(task, source, cache_dir, self.profile.arch, self.thunderkittens)
         return build_python(task, source, cache_dir)
 
     def launch_argv(self, world: int, job: Path, wrap: tuple[str, ...] = (),

@@ -22,7 +22,7 @@ import time
 import traceback
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -354,6 +354,17 @@ def forged_word(report: str | None, word: str, k: int, have: int) -> None:
     os._exit(GUARD_EXIT)
 
 
+class Batch(NamedTuple):
+    """A batch's calls, bound before the gate: per call its (context values, arguments,
+    solution state), buffer set, inputs' host buffers and stress hold; the outputs' names."""
+
+    argsets: list[tuple[dict, list[Any], Any]]
+    sets: list[dict[str, Any]]
+    fed_bufs: list[list[Any]]
+    holds: list[Any]
+    outs: list[str]
+
+
 class Calls:
     """Makes the calls the observer asks for, in the order of the control page's words."""
 
@@ -378,6 +389,11 @@ class Calls:
         # call runs, when the harness makes no CUDA call itself (None: no such guard)
         self.window = None
         self.version = -1
+        # the case's buffers: as placed in the data segment, as handed to the solution (the
+        # same on the host; staged: on the device), and the layout that placed them
+        self.shared: dict[str, np.ndarray] = {}
+        self.bufs: dict[str, Any] = {}
+        self.placed: list[list] = []
         self.args: list[Any] = []
         # a batch's buffer sets handed to the solution, one per call, and their inputs' specs
         self.work: list[dict[str, Any]] | None = None
@@ -424,12 +440,13 @@ class Calls:
         return w[owner] <= case
 
     def case(self, index: int, case: dict, ctx: Context) -> None:
+        """The case's calls, one per step the observer sets, until it ends the case: each
+        step's buffers, the call (or a batch of calls back to back), then "done" (staged:
+        and the outputs fetched, "saved")."""
         b = self.backend
         if b.device:
             self.apart()
-        bufs: dict[str, Any] = {}
-        shared: dict[str, np.ndarray] = {}
-        placed: list[list] = []
+        self.bufs, self.shared, self.placed = {}, {}, []
         self.version = -1  # every case starts with buffers of its own (the observer
         # starts every case with a new layout version too)
         while True:
@@ -438,108 +455,19 @@ class Calls:
                 return
             self.k = k
             info = self.ctl.read_info()
-            if "remap" in info:  # a bigger data segment, sent on the socket
-                self.data = self.link.remap(info["remap"])
-            for key, value in info.get("extra", {}).items():
-                setattr(ctx, key, value)
-            fresh = self.ctl.get("layout_version") != self.version
-            if fresh:
-                self.version = self.ctl.get("layout_version")
-                placed = info["layout"]
-                shared = views(self.data, placed)
-                bufs = shared if not b.staged else {
-                    name: b.empty(shape, dtype) for name, _kind, shape, dtype, _o in placed}
+            fresh = self.take_step(info, ctx)
             batch = int(info.get("batch", 1))
             if fresh and hasattr(self.fn, "forget"):  # a compiled solution's old contexts
                 self.fn.forget()
             if batch > 1:  # calls back to back, one buffer set (and context values) each
-                # the solution is handed buffers of the rank's own: before each call its
-                # inputs are read from the feed (staged: and uploaded to its device buffers)
-                # and, on the host, its poisoned outputs copied in from the segment and out
-                # after it (timed alike for the reference and the solution); the later calls'
-                # inputs are nowhere in this process, nor on its device
-                extras = info.get("extras") or [{}] * batch
-                holds = info.get("holds") or [None] * batch
-                sets = batch_sets(bufs, batch)
-                fed = info.get("feed") or [[] for _ in range(batch)]  # per call: its inputs
-                if b.staged:
-                    # per call a device set: its outputs are the placed buffers (poisoned
-                    # before the gate, fetched after the batch), its inputs its own; the
-                    # observer starts a new layout whenever a call's inputs change shape
-                    if fresh or self.work is None:
-                        self.work = [dict(one) for one in sets]
-                        for work, spec in zip(self.work, fed):
-                            work.update({name: b.empty(shape, dtype)
-                                         for name, shape, dtype in spec if name not in work})
-                        self.staging = [[np.empty(shape, dtype) for _n, shape, dtype in spec]
-                                        for spec in fed]
-                        self.fed = fed
-                    fed_bufs = self.staging
-                elif fresh or self.work is None or fed != self.fed:
-                    # a set of the rank's own per call (the calls' shapes may differ)
-                    self.work = [{name: np.empty_like(a) for name, a in one.items()}
-                                 for one in sets]
-                    for work, spec in zip(self.work, fed):
-                        work.update({name: np.empty(shape, dtype) for name, shape, dtype in spec})
-                    self.fed = fed
-                if not b.staged:
-                    fed_bufs = [[work[name] for name, *_ in spec]
-                                for work, spec in zip(self.work, fed)]
-                outs = [name for name, kind, *_ in placed if kind == "out"]
-                outs = sorted({name.rpartition(BATCH_SEP)[0] for name in outs})
-                argsets = []
-                for j in range(batch):
-                    for key, value in extras[j].items():
-                        setattr(ctx, key, value)
-                    # staged: every set's peers mapped (a collective, at the same call on
-                    # every rank); the host backend maps nothing
-                    self.bind(case, ctx, self.work[j], fresh and (j == 0 or b.staged))
-                    state = self.fn.current() if hasattr(self.fn, "current") else None
-                    argsets.append((extras[j], self.args, state))
+                plan = self.plan_batch(info, case, ctx, batch, fresh)
             else:
-                self.bind(case, ctx, bufs, fresh)  # context values may change per call
+                self.bind(case, ctx, self.bufs, fresh)  # context values may change per call
                 holds = info.get("holds") or [None]
-            if b.staged:
-                for name, kind, *_ in placed:
-                    if kind == "in":
-                        b.upload(bufs[name], shared[name])
-                    else:
-                        b.poison(bufs[name])
-                b.synchronize()
-                self.say("ready", k)
-                self.link.ring()
-                if not self.wait("gate", k, index):
-                    return
+            if b.staged and not self.stage(k, index):
+                return
             if batch > 1:
-                for (values, args, state), one, work, inputs, spec, hold in zip(
-                        argsets, sets, self.work, fed_bufs, self.fed, holds):
-                    # the stress phase holds this rank back before this call: on the host
-                    # before its inputs are in place (a peer that reads them early reads
-                    # the last call's), or on its device (its stream waits)
-                    on_device = bool(hold) and hold[1] == "device" and (
-                        self.hold_device is not None)
-                    if hold and not on_device:
-                        time.sleep(hold[0])
-                    if b.staged:  # its inputs, uploaded just before it
-                        read_feed(self.link.feed, inputs)
-                        for (name, *_), host in zip(spec, inputs):
-                            b.upload(work[name], host)
-                        b.uploaded()  # in place whatever stream the call's work runs on
-                    else:
-                        for name, buf in one.items():  # its poisoned outputs
-                            np.copyto(work[name], buf)
-                        read_feed(self.link.feed, inputs)  # its inputs (in-place ones too)
-                    for key, value in values.items():
-                        setattr(ctx, key, value)
-                    self.args = args
-                    if state is not None:
-                        self.fn.use(state)
-                    if hold and on_device:  # its stream waits before the call's work
-                        self.hold_device(hold[0])
-                    self.call(ctx)
-                    if not b.staged:
-                        for name in outs:
-                            np.copyto(one[name], work[name])
+                self.call_batch(plan, ctx)
             else:
                 hold = holds[0]
                 if hold and hold[1] == "device" and self.hold_device is not None:
@@ -547,23 +475,149 @@ class Calls:
                 self.call(ctx, settle=b.synchronize)
             b.synchronize()
             if info.get("scrub"):
-                # the call is complete: its inputs are the caller's again, poisoned now (a
-                # peer still reading them reads poison); in-place buffers are outputs too
-                outs_here = {name for name, kind, *_ in placed if kind == "out"}
-                for name, kind, *_ in placed:
-                    if kind == "in" and name not in outs_here:
-                        b.poison(bufs[name])
-                b.synchronize()
-            self.say("done", k)
+                self.scrub()
+            if not self.finish(k, index):
+                return
+
+    def take_step(self, info: dict, ctx: Context) -> bool:
+        """What the observer's step says beyond the call: a bigger data segment, context
+        values, a new layout of the buffers (True: this step's buffers are new)."""
+        if "remap" in info:  # a bigger data segment, sent on the socket
+            self.data = self.link.remap(info["remap"])
+        for key, value in info.get("extra", {}).items():
+            setattr(ctx, key, value)
+        fresh = self.ctl.get("layout_version") != self.version
+        if fresh:
+            b = self.backend
+            self.version = self.ctl.get("layout_version")
+            self.placed = info["layout"]
+            self.shared = views(self.data, self.placed)
+            self.bufs = self.shared if not b.staged else {
+                name: b.empty(shape, dtype) for name, _kind, shape, dtype, _o in self.placed}
+        return fresh
+
+    def plan_batch(self, info: dict, case: dict, ctx: Context, batch: int,
+                   fresh: bool) -> Batch:
+        """A batch's buffer sets and arguments, one per call, bound before the gate.
+
+        The solution is handed buffers of the rank's own: before each call its inputs are
+        read from the feed (staged: and uploaded to its device buffers) and, on the host, its
+        poisoned outputs copied in from the segment and out after it (timed alike for the
+        reference and the solution); the later calls' inputs are nowhere in this process, nor
+        on its device."""
+        b = self.backend
+        extras = info.get("extras") or [{}] * batch
+        holds = info.get("holds") or [None] * batch
+        sets = batch_sets(self.bufs, batch)
+        fed = info.get("feed") or [[] for _ in range(batch)]  # per call: its inputs
+        if b.staged:
+            # per call a device set: its outputs are the placed buffers (poisoned
+            # before the gate, fetched after the batch), its inputs its own; the
+            # observer starts a new layout whenever a call's inputs change shape
+            if fresh or self.work is None:
+                self.work = [dict(one) for one in sets]
+                for work, spec in zip(self.work, fed):
+                    work.update({name: b.empty(shape, dtype)
+                                 for name, shape, dtype in spec if name not in work})
+                self.staging = [[np.empty(shape, dtype) for _n, shape, dtype in spec]
+                                for spec in fed]
+                self.fed = fed
+            fed_bufs = self.staging
+        else:
+            if fresh or self.work is None or fed != self.fed:
+                # a set of the rank's own per call (the calls' shapes may differ)
+                self.work = [{name: np.empty_like(a) for name, a in one.items()}
+                             for one in sets]
+                for work, spec in zip(self.work, fed):
+                    work.update({name: np.empty(shape, dtype) for name, shape, dtype in spec})
+                self.fed = fed
+            fed_bufs = [[work[name] for name, *_ in spec]
+                        for work, spec in zip(self.work, fed)]
+        outs = [name for name, kind, *_ in self.placed if kind == "out"]
+        outs = sorted({name.rpartition(BATCH_SEP)[0] for name in outs})
+        argsets = []
+        for j in range(batch):
+            for key, value in extras[j].items():
+                setattr(ctx, key, value)
+            # staged: every set's peers mapped (a collective, at the same call on
+            # every rank); the host backend maps nothing
+            self.bind(case, ctx, self.work[j], fresh and (j == 0 or b.staged))
+            state = self.fn.current() if hasattr(self.fn, "current") else None
+            argsets.append((extras[j], self.args, state))
+        return Batch(argsets, sets, fed_bufs, holds, outs)
+
+    def stage(self, k: int, index: int) -> bool:
+        """Staged: the step's inputs uploaded and its outputs poisoned on the device, "ready"
+        said; then until the gate opens (False: the case ended first)."""
+        b = self.backend
+        for name, kind, *_ in self.placed:
+            if kind == "in":
+                b.upload(self.bufs[name], self.shared[name])
+            else:
+                b.poison(self.bufs[name])
+        b.synchronize()
+        self.say("ready", k)
+        self.link.ring()
+        return self.wait("gate", k, index)
+
+    def call_batch(self, plan: Batch, ctx: Context) -> None:
+        """A batch's calls back to back, each on its own buffer set, its inputs put in place
+        just before it."""
+        b = self.backend
+        for (values, args, state), one, work, inputs, spec, hold in zip(
+                plan.argsets, plan.sets, self.work, plan.fed_bufs, self.fed, plan.holds):
+            # the stress phase holds this rank back before this call: on the host
+            # before its inputs are in place (a peer that reads them early reads
+            # the last call's), or on its device (its stream waits)
+            on_device = bool(hold) and hold[1] == "device" and (
+                self.hold_device is not None)
+            if hold and not on_device:
+                time.sleep(hold[0])
+            if b.staged:  # its inputs, uploaded just before it
+                read_feed(self.link.feed, inputs)
+                for (name, *_), host in zip(spec, inputs):
+                    b.upload(work[name], host)
+                b.uploaded()  # in place whatever stream the call's work runs on
+            else:
+                for name, buf in one.items():  # its poisoned outputs
+                    np.copyto(work[name], buf)
+                read_feed(self.link.feed, inputs)  # its inputs (in-place ones too)
+            for key, value in values.items():
+                setattr(ctx, key, value)
+            self.args = args
+            if state is not None:
+                self.fn.use(state)
+            if hold and on_device:  # its stream waits before the call's work
+                self.hold_device(hold[0])
+            self.call(ctx)
+            if not b.staged:
+                for name in plan.outs:
+                    np.copyto(one[name], work[name])
+
+    def scrub(self) -> None:
+        """The call is complete: its inputs are the caller's again, poisoned now (a peer
+        still reading them reads poison); in-place buffers are outputs too."""
+        b = self.backend
+        outs_here = {name for name, kind, *_ in self.placed if kind == "out"}
+        for name, kind, *_ in self.placed:
+            if kind == "in" and name not in outs_here:
+                b.poison(self.bufs[name])
+        b.synchronize()
+
+    def finish(self, k: int, index: int) -> bool:
+        """"done" said; staged: the outputs fetched to the segment when asked, "saved" said
+        (False: the case ended before the fetch)."""
+        self.say("done", k)
+        self.link.ring()
+        if self.backend.staged:
+            if not self.wait("fetch", k, index):
+                return False
+            for name, kind, *_ in self.placed:
+                if kind == "out":
+                    np.copyto(self.shared[name], self.backend.to_host(self.bufs[name]))
+            self.say("saved", k)
             self.link.ring()
-            if b.staged:
-                if not self.wait("fetch", k, index):
-                    return
-                for name, kind, *_ in placed:
-                    if kind == "out":
-                        np.copyto(shared[name], b.to_host(bufs[name]))
-                self.say("saved", k)
-                self.link.ring()
+        return True
 
     def bind(self, case: dict, ctx: Context, bufs: dict, fresh: bool = True) -> None:
         """Resolve the call's arguments; a compiled solution gets its C context filled here

@@ -47,10 +47,11 @@ def uses_thunderkittens(task: Task) -> bool:
     return "thunderkittens" in {task.library, *task.requires}
 
 
-def thunderkittens_include() -> Path | None:
-    """The ThunderKittens headers (`kittens.cuh`) named by COMMBENCH_THUNDERKITTENS (the
-    repository's root or its include/ folder; --commbench-thunderkittens sets it), or None."""
-    root = os.environ.get(THUNDERKITTENS_ENV)
+def thunderkittens_include(root: str | Path | None = None) -> Path | None:
+    """The ThunderKittens headers (`kittens.cuh`) in `root` (the repository's root or its
+    include/ folder: a run's --commbench-thunderkittens, handed down by its platform), else in
+    the folder COMMBENCH_THUNDERKITTENS names; None where there are none."""
+    root = root or os.environ.get(THUNDERKITTENS_ENV)
     if not root:
         return None
     for folder in (Path(root) / "include", Path(root)):
@@ -162,13 +163,15 @@ def nvml_library() -> Path | None:
     return driver_library("libnvidia-ml.so.1")
 
 
-def cuda_command(task: Task, source: Path, output: Path, arch: str) -> list[str]:
+def cuda_command(task: Task, source: Path, output: Path, arch: str,
+                 thunderkittens: str | Path | None = None) -> list[str]:
     """The hidden recipe: flags, include and library paths are the harness's, never the model's.
-    A HIP task is compiled as CUDA with the HIP->CUDA header first on the include path."""
+    A HIP task is compiled as CUDA with the HIP->CUDA header first on the include path.
+    `thunderkittens`: where the ThunderKittens headers are (see `thunderkittens_include`)."""
     libs = find_cuda_libs()
     uses = {task.library, *task.requires}
     std = "-std=c++17"
-    tk = thunderkittens_include() if "thunderkittens" in uses else None
+    tk = thunderkittens_include(thunderkittens) if "thunderkittens" in uses else None
     if tk is not None:
         # ThunderKittens: C++20, the Hopper feature set (wgmma, TMA: sm_90a), its own macros
         std = "-std=c++20"
@@ -209,9 +212,10 @@ def cuda_command(task: Task, source: Path, output: Path, arch: str) -> list[str]
     return cmd
 
 
-def build_cuda(task: Task, source: str, cache_dir: Path, arch: str) -> Artifact:
+def build_cuda(task: Task, source: str, cache_dir: Path, arch: str,
+               thunderkittens: str | Path | None = None) -> Artifact:
     header = "".join(p.read_text() for p in sorted(INCLUDE_DIR.glob("*.h")))
-    tk = thunderkittens_include() if uses_thunderkittens(task) else None
+    tk = thunderkittens_include(thunderkittens) if uses_thunderkittens(task) else None
     if uses_thunderkittens(task) and tk is None:
         raise Rejected(Verdict.INFRA_ERROR, "the ThunderKittens headers are not here: set "
                        f"{THUNDERKITTENS_ENV} (or --commbench-thunderkittens) to their folder")
@@ -224,7 +228,8 @@ def build_cuda(task: Task, source: str, cache_dir: Path, arch: str) -> Artifact:
     def make(src: Path, tmp: Path, work: Path) -> None:
         keep = work / "keep"
         keep.mkdir()
-        _compile([*cuda_command(task, src, tmp, arch), "--keep", "--keep-dir", str(keep)], work)
+        _compile([*cuda_command(task, src, tmp, arch, thunderkittens), "--keep", "--keep-dir",
+                  str(keep)], work)
         (folder / DEVICE_FINDINGS).write_text("\n".join(device_forbidden(keep)))
 
     lib = _built(folder, "solution" + (".hip" if task.language == "hip" else ".cu"), source,
@@ -233,7 +238,7 @@ def build_cuda(task: Task, source: str, cache_dir: Path, arch: str) -> Artifact:
         found = (folder / DEVICE_FINDINGS).read_text().split()
     except OSError:  # a build from before the device-code check: look again
         shutil.rmtree(folder, ignore_errors=True)
-        return build_cuda(task, source, cache_dir, arch)
+        return build_cuda(task, source, cache_dir, arch, thunderkittens)
     if found:
         raise Rejected(Verdict.FORBIDDEN,
                        f"the device code uses NVLink multicast ({', '.join(found)}), which is "
