@@ -13,7 +13,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .engine.plan import JobRunner
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -70,6 +73,9 @@ class Settings(RunSettings):
     cache: Path  # build cache shared by the run
     references: Path
     hide: tuple[Path, ...] = ()  # more trees no job may see (the runs root, the project)
+    # what runs the item's jobs: None is the real one (`engine.job.run_job`); the session
+    # asks the `pytest_commbench_job_runner` hook (the plugin's own tests answer with a fake)
+    runner: JobRunner | None = None
 
     @classmethod
     def for_item(cls, run: RunSettings, **own: Any) -> Settings:

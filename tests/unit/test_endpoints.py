@@ -14,7 +14,7 @@ import pytest
 from pytest_commbench.models import providers
 from pytest_commbench.models.registry import resolve
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from llm_servers import ScriptedServer  # noqa: E402
 
 KINDS = ["openai", "anthropic"]

@@ -59,7 +59,7 @@ try:
 except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 CHEATS = REPO / "fixtures" / "cheats"
 SUITES = REPO / "suites"
 GUARDED = [REPO / "pytest_commbench", REPO / "references"]

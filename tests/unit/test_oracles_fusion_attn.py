@@ -17,7 +17,7 @@ from pytest_commbench.checks.attention import EPS, TINY, attend
 from pytest_commbench.checks.base import Trial
 from pytest_commbench.tasks import load_task
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _task(name: str):

@@ -23,7 +23,7 @@ from pytest_commbench.models.builtin import BUILTIN_NAMES
 from pytest_commbench.models.registry import names as registry_names
 from pytest_commbench.platforms import GENERIC, NAMES
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 README = REPO / "README.md"
 DOCS = sorted((REPO / "docs").glob("*.md"))
 PAGES = [README, *DOCS]

@@ -30,7 +30,7 @@ from pytest_commbench.record import (
 )
 from pytest_commbench.results import ResultsLog, entries, load
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 DRAWS = 300
 BUILTIN = (str, int, float, bool, type(None))
 

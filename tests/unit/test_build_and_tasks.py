@@ -9,7 +9,7 @@ from pytest_commbench.build import build_python
 from pytest_commbench.tasks import ManifestError, load_task
 from pytest_commbench.verdicts import Rejected, Verdict
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 SOLUTIONS = REPO / "fixtures" / "solutions"
 TASK_DIR = REPO / "suites" / "collective" / "ring_allreduce"
 

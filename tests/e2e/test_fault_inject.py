@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-TOOL = Path(__file__).resolve().parent.parent / "tools" / "fault-inject"
+TOOL = Path(__file__).resolve().parents[2] / "tools" / "fault-inject"
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,7 @@ from pytest_commbench import regions
 from pytest_commbench.mutants import mutants
 from pytest_commbench.tasks import load_suite
 
-REPO = Path(__file__).parent.parent
+REPO = Path(__file__).resolve().parents[2]
 TASKS, ERRORS = load_suite(REPO / "suites")
 GPU = [t for t in TASKS if set(t.platforms) - {"cpu"}]
 

@@ -19,7 +19,7 @@ from pytest_commbench import checks
 from pytest_commbench.checks.base import Trial
 from pytest_commbench.checks.nccl_suite import split_groups
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 TASKS = {
     "collective/nccl_grouped_alltoall": "alltoall",
     "collective/nccl_registered_reduce_scatter": "reduce_scatter",

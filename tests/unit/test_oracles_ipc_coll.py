@@ -18,7 +18,7 @@ from pytest_commbench.checks.ipc_coll import bf16_inputs, exact_sum
 from pytest_commbench.mutants import mutants
 from pytest_commbench.tasks import load_task
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 TASKS = {
     "p2p/memory_channel_put": "ring_exchange",
     "p2p/memory_channel_get": "ring_exchange",

@@ -23,7 +23,7 @@ from pytest_commbench.platforms import nvidia as gpu
 from pytest_commbench.rank import mps
 from pytest_commbench.tasks import load_task
 
-REPO = Path(__file__).parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 FAKE_SMI = """#!/bin/sh
 case "$*" in

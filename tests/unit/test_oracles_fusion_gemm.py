@@ -15,7 +15,7 @@ from pytest_commbench.checks.base import Case, Trial
 from pytest_commbench.checks.lowp import decode, encode
 from pytest_commbench.tasks import load_task
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 TILE = 64  # the references' output tile and row block
 NARROW = 130  # n in these tests: the task's k (what the tolerances depend on), fewer columns
 

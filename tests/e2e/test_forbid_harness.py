@@ -15,7 +15,7 @@ from pytest_commbench.build import ALWAYS_FORBIDDEN_C, expand_forbid
 from pytest_commbench.launch import find_mpiexec, mpi_abi, mpi_env
 from pytest_commbench.tasks import load_task
 
-REPO = Path(__file__).parent.parent
+REPO = Path(__file__).resolve().parents[2]
 MANIFESTS = sorted((REPO / "suites").glob("*/*/task.toml"))
 HARNESS = ("from mpi4py import MPI\n"
            "w = MPI.COMM_WORLD\n"

@@ -144,7 +144,7 @@ def test_a_compiled_solution_keeps_a_context_and_peer_mappings_per_buffer_set(tm
     gcc = shutil.which("gcc")
     if gcc is None:
         pytest.skip("no gcc")
-    include = Path(__file__).parent.parent / "pytest_commbench" / "include"
+    include = Path(__file__).resolve().parents[2] / "pytest_commbench" / "include"
     (tmp_path / "s.c").write_text(NATIVE)
     lib = tmp_path / "libs.so"
     subprocess.run([gcc, "-shared", "-fPIC", "-I", str(include), "-o", str(lib),

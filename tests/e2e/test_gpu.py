@@ -111,7 +111,7 @@ def test_a_slower_gpu_solution_gets_a_speedup_below_one(bench):
           f"at {largest['bytes']} bytes; task speedup {record['speedup']:.3f}")
 
 
-CHEATS = Path(__file__).parent.parent / "fixtures" / "cheats-gpu"
+CHEATS = Path(__file__).resolve().parents[2] / "fixtures" / "cheats-gpu"
 
 
 @pytest.mark.parametrize("cheat", sorted(p.name for p in CHEATS.iterdir() if p.is_dir()))

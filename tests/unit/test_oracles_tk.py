@@ -16,7 +16,7 @@ from pytest_commbench.checks.base import Case
 from pytest_commbench.mutants import mutants
 from pytest_commbench.tasks import load_task
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 TASKS = {
     "collective/tk_allgather": "allgather",
     "collective/tk_allreduce": "allreduce",

@@ -24,7 +24,7 @@ from pytest_commbench.checks.base import Trial
 from pytest_commbench.mutants import mutants
 from pytest_commbench.verdicts import Rejected, Verdict
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 TASKS = {
     "collective/torch_alltoall": "alltoall",
     "collective/torch_allgather": "allgather",

@@ -14,7 +14,7 @@ from pytest_commbench.tasks import load_task
 from pytest_commbench.toolchains.nvidia import build_cuda
 from pytest_commbench.verdicts import Rejected, Verdict
 
-REPO = Path(__file__).parent.parent
+REPO = Path(__file__).resolve().parents[2]
 CHEAT = REPO / "fixtures" / "cheats-gpu" / "lookup_through_dlvsym" / "p2p" / "ce_peer_copy"
 
 

@@ -14,7 +14,7 @@ from pytest_commbench import checks
 from pytest_commbench.checks.gpu_topology import TopologyError, job_matrix, parse_topo
 from pytest_commbench.tasks import load_task
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 HOST_DEPENDENT = {"nvlink_matrix", "device_attributes"}  # their answers are this machine's GPUs
 TASKS = sorted(p.parent for p in (REPO / "suites").glob("*/*/task.toml"))
 

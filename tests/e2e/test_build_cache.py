@@ -18,7 +18,7 @@ from pytest_commbench.tasks import load_task
 from pytest_commbench.toolchains import amd, nvidia
 from pytest_commbench.toolchains.nvidia import DEVICE_FINDINGS, build_cuda
 
-REPO = Path(__file__).parent.parent
+REPO = Path(__file__).resolve().parents[2]
 TASK = "p2p/flag_pingpong"
 
 pytestmark = pytest.mark.skipif(shutil.which("cc") is None, reason="needs a C compiler")
@@ -126,7 +126,7 @@ def test_commbench_compile_builds_through_the_platforms_own_door(monkeypatch, ca
     select = "flag_pingpong_hip" if platform != "h200" else "d2h_bounce_copy"
     args = ["compile", "suites", "--references", "references", "--platform", platform,
             "-k", select, "-j", "1"] + (["--arch", arch] if arch else [])
-    monkeypatch.chdir(Path(__file__).resolve().parents[1])
+    monkeypatch.chdir(Path(__file__).resolve().parents[2])
     assert main(args) == 0
     want_arch = arch or {"h200": "sm_90", "h200-hip": "sm_90", "mi325x": "gfx942"}[platform]
     assert len(seen) >= 3 and {s[:2] for s in seen} == {(platform, want_arch)}, seen
