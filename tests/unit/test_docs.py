@@ -31,7 +31,7 @@ PAGES = [README, *DOCS]
 #: the first)
 QUICK_START = ('python3 -m venv .venv && .venv/bin/pip install -e ".[mpi]" && .venv/bin/pytest',
                'python3 -m venv .venv && .venv/bin/pip install -e ".[mpi,test]" && '
-               '.venv/bin/pytest tests -n auto')
+               '.venv/bin/pytest tests/unit tests/e2e -n auto')
 #: `commbench` subcommands cheap enough to run for real (read-only, seconds)
 CHEAP = {"tasks", "doctor", "models", "prompt"}
 

@@ -17,7 +17,7 @@ import pytest
 from pytest_commbench import shards
 from pytest_commbench.shards import Shard
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 # -- the split --------------------------------------------------------------------------------

@@ -37,7 +37,7 @@ from pytest_commbench.launch import JobResult
 from pytest_commbench.rank.protocol import socket_address
 from pytest_commbench.verdicts import Verdict
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 TASK_DIR = "collective/ring_allreduce"
 TEMPLATE = REPO / "suites" / TASK_DIR / "template.py"
 RIGHT = REPO / "fixtures" / "solutions" / "right_naive" / TASK_DIR / "solution.py"

@@ -15,7 +15,7 @@ import pytest
 
 from pytest_commbench.cli import main
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 FIXTURES = REPO / "fixtures" / "leaderboard"
 H200 = sorted((FIXTURES / "h200").glob("*.jsonl"))
 TASK = "collective/cupy_nccl_allgather"

@@ -11,7 +11,7 @@ the observer asked for that step. The rank's process can write any word of its c
   writes "done" the moment the gate opens, before the harness could).
 
 Either way the rank's solution is `forbidden`. Driven here through the observer with rank
-threads running the real rank loop (tests/test_late_rank.py), the forging thread writing
+threads running the real rank loop (tests/unit/test_late_rank.py), the forging thread writing
 the page through the observer's own mapping of it (the same memory file)."""
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ from pytest_commbench.nodes import Launcher, Node, Placement, PlacementError
 from pytest_commbench.platforms import make
 from pytest_commbench.tasks import ManifestError, load_suite, load_task, marker_names
 
-REPO = Path(__file__).parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 # -- node lists ------------------------------------------------------------------------------
@@ -294,7 +294,7 @@ def test_the_suites_mark_every_task_that_may_span_nodes_and_no_other():
 
 def test_a_launcher_the_placement_does_not_know_is_a_usage_error_naming_the_option(bench):
     bench.add_task("p2p/pingpong", ranks=2)
-    result = bench.run("--platform=cpu", "--commbench-launcher=torchrun --nproc 2")
+    result = bench.run_fake("--platform=cpu", "--commbench-launcher=torchrun --nproc 2")
     assert result.ret == 4
     result.stderr.fnmatch_lines(["*--commbench-launcher: 'torchrun' is not a launcher this "
                                  "knows (mpirun, mpiexec, srun, flux)*"])
@@ -305,12 +305,12 @@ def test_a_sandboxed_item_whose_ranks_would_run_on_other_nodes_is_skipped_saying
     bench.add_task("p2p/pingpong", ranks=2)
     hostfile = bench.root / "hosts"
     hostfile.write_text("elsewhere1 slots=1\nelsewhere2 slots=1\n")
-    result = bench.run("--platform=cpu", "--commbench-hostfile=hosts", "-rs")
+    result = bench.run_fake("--platform=cpu", "--commbench-hostfile=hosts", "-rs")
     result.stdout.fnmatch_lines(["*its ranks would run on elsewhere1, elsewhere2, not on this "
                                  "host*--commbench-unsandboxed*"])
     (record,) = bench.records()
     assert record["verdict"] == "skipped"
     # a task that may not span nodes asks for one node alone, never another's slots
-    result = bench.run("--platform=cpu", "--commbench-hostfile=hosts", "-m", "span_nodes",
+    result = bench.run_fake("--platform=cpu", "--commbench-hostfile=hosts", "-m", "span_nodes",
                        "--collect-only", "-q")
     assert "pingpong" in result.stdout.str()

@@ -18,7 +18,7 @@ import pytest
 from pytest_commbench import __version__
 from pytest_commbench.tasks import load_task, task_hash
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_pytest_from_the_repository_root_runs_the_suites():

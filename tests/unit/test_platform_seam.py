@@ -115,7 +115,7 @@ def test_no_module_probes_the_platform_or_branches_on_a_backends_name():
     import re
     from pathlib import Path
 
-    package = Path(__file__).resolve().parents[1] / "pytest_commbench"
+    package = Path(__file__).resolve().parents[2] / "pytest_commbench"
     probe = re.compile(r"(getattr|hasattr)\((state\.|plan\.)?platform\b|"
                        r"platform\.backend\s*(==|!=|in\b)")
     found = [f"{path.relative_to(package)}:{n}"

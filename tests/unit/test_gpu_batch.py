@@ -1,6 +1,6 @@
 """GPU batching (`--commbench-gpu-batch`) without a GPU: the staged protocol (inputs uploaded to
 each rank's own buffers, outputs fetched after the call) driven by the real observer and rank
-loop, the ranks being threads with a staged host backend (tests/test_late_rank.py). A batch's
+loop, the ranks being threads with a staged host backend (tests/unit/test_late_rank.py). A batch's
 every call gets a buffer set of its own with its inputs uploaded just before it; every call is
 checked; a call cannot reach a later call's inputs."""
 

@@ -31,7 +31,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 CHEAT = REPO / "fixtures" / "cheats-gpu" / "memcpy_from_elf"
 CUPTI = find_cupti()
 GCC = shutil.which("gcc") or shutil.which("cc")

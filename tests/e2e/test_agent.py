@@ -15,14 +15,14 @@ from pytest_commbench import agent
 from pytest_commbench.models import prompt as prompts
 from pytest_commbench.tasks import load_task
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 TASK = "collective/ring_allreduce"
 REF = (REPO / "references" / TASK / "solution.py").read_text()
 TEMPLATE = (REPO / "suites" / TASK / "template.py").read_text()
 NODE = f"suites/{TASK}/task.toml::ring_allreduce[np2]"
 ANALYSIS = "ANALYSIS-7f3: the template raises NotImplementedError; write the ring."
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 def _region(text: str) -> str:

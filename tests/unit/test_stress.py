@@ -2,7 +2,7 @@
 back before some (observer.Observer.stress).
 
 Driven through the observer with rank threads that run the real rank loop (`Calls`) over
-the host and the staged host backends (tests/test_late_rank.py). A two-barrier all-reduce
+the host and the staged host backends (tests/unit/test_late_rank.py). A two-barrier all-reduce
 over a scratch slot per rank, reused from call to call (as an IPC workspace is), passes one
 gated call at a time whether or not it keeps its closing barrier; made back to back, the
 one that drops it after its first calls lets a fast rank overwrite its slot while a slower

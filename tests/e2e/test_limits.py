@@ -25,7 +25,7 @@ from pytest_commbench.launch import run_job
 from pytest_commbench.results import ResultsLog, RunBusy, RunLock, entries, load
 from pytest_commbench.tasks import ManifestError, load_task
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 RIGHT = REPO / "fixtures" / "solutions" / "right_naive" / "collective" / "ring_allreduce" / \
     "solution.py"
 NODE = "suites/collective/ring_allreduce/task.toml::ring_allreduce[np2]"

@@ -15,7 +15,7 @@ from pytest_commbench.models import prompt as prompts
 from pytest_commbench.models.registry import RegistryError, load, resolve
 from pytest_commbench.tasks import load_task
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 TASK = "collective/ring_allreduce"
 
 REF = (REPO / "references" / TASK / "solution.py").read_text()
@@ -91,7 +91,7 @@ def test_the_prompt_has_the_task_the_template_the_platform_and_the_contract():
 
 # -- whole runs against scripted servers ------------------------------------------------------
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 def _servers():
