@@ -1,15 +1,5 @@
-"""The held rank of the late trials, and each rank's outputs taken at its own completion.
-
-- Which rank a late trial holds back is no luck: every rank is held at least once per item
-  (world 2, 4, 8, every task of the suite), tasks with `late_rank = false` get no late trial.
-- In a trial that holds a rank back, a rank's outputs are those it had when its own call
-  completed (staged backends: fetched the moment it says it is done, not once every rank
-  is): driven here through `Observer.call` with rank threads speaking the control-page
-  protocol (the real rank loop, `Calls`, over a staged backend in host memory), a rank that
-  returns at once while a peer writes its outputs later is a wrong answer; an honest
-  solution passes, and the same cheat passes where outputs are taken once every rank is
-  done (what the test tells apart).
-"""
+"""The late trials in a real item: the runner holds every rank, or none where the task says
+so (`late_rank = false`); what a held rank does is tests/unit/test_late_rank.py's."""
 
 from __future__ import annotations
 
