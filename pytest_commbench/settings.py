@@ -13,10 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from .engine.plan import JobRunner
+from typing import Any
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -75,7 +72,7 @@ class Settings(RunSettings):
     hide: tuple[Path, ...] = ()  # more trees no job may see (the runs root, the project)
     # what runs the item's jobs: None is the real one (`engine.job.run_job`); the session
     # asks the `pytest_commbench_job_runner` hook (the plugin's own tests answer with a fake)
-    runner: JobRunner | None = None
+    runner: Callable[..., Any] | None = None  # an `engine.JobRunner`
 
     @classmethod
     def for_item(cls, run: RunSettings, **own: Any) -> Settings:
