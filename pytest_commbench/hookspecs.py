@@ -32,6 +32,14 @@ def pytest_commbench_make_agent(config, name):
     `ItemResult.to_json()`, is still taken.)"""
 
 
+@hookspec(firstresult=True)
+def pytest_commbench_job_runner(config):
+    """Return the job runner every item runs its jobs with (an `engine.JobRunner`: one job
+    of a built answer, its `engine.Outcome` returned), or None. The built-in,
+    `engine.job.run_job` (MPI ranks under the observer), answers last; the plugin's own
+    tests answer with a fake (`tests/fake_runner.py`), so an item runs in milliseconds."""
+
+
 @hookspec
 def pytest_commbench_model_names(config):
     """Return the model names you provide (they are listed when a name is unknown)."""

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from . import __version__
-from .engine import ItemResult, Settings, refine
+from .engine import ItemResult, JobRunner, Settings, refine
 from .models.conversation import ITEM
 from .record import (
     RESULT,
@@ -31,6 +31,7 @@ from .verdicts import Verdict
 
 INFRA_RETRIES = 1
 WORKER_DIED = "the pytest worker running this item died"
+RUNNER = pytest.StashKey[JobRunner]()  # the session's job runner, once asked (`job_runner`)
 
 
 class CommbenchFailure(Exception):
@@ -167,7 +168,8 @@ class TaskItem(pytest.Item):
         slug = self.nodeid.replace("/", "_").replace("::", "__").replace("[", "_").rstrip("]")
         settings = Settings.for_item(
             state.settings, seed=state.item_seed(self.nodeid), work=state.work_dir / slug,
-            cache=state.build_dir, references=state.references, hide=state.hidden)
+            cache=state.build_dir, references=state.references, hide=state.hidden,
+            runner=job_runner(self.config))
         # agent mode runs the candidates of a model that can be asked; the rest as always
         agent = state.agent if self.candidate.conversation is not None else None
         run = agent.run if agent is not None else refine
@@ -200,6 +202,13 @@ class TaskItem(pytest.Item):
     def reportinfo(self):
         who = self.candidate.id or self.config.stash[STATE].model.name
         return self.path, None, f"commbench {self.task.relpath} np{self.world} [{who}]"
+
+
+def job_runner(config: pytest.Config) -> JobRunner:
+    """The session's job runner: the `pytest_commbench_job_runner` hook's answer, asked once."""
+    if RUNNER not in config.stash:
+        config.stash[RUNNER] = config.hook.pytest_commbench_job_runner(config=config)
+    return config.stash[RUNNER]
 
 
 def refused_key(result: ItemResult) -> int | None:

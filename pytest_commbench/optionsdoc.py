@@ -4,7 +4,7 @@ themselves, so the page cannot drift from what the plugin and the CLI accept:
     python -m pytest_commbench.optionsdoc docs/options.md
 
 rewrites the blocks between `<!-- commbench:options -->` and `<!-- commbench:commands -->`
-markers; tests/test_docs.py checks that the page holds what this would write."""
+markers; tests/unit/test_docs.py checks that the page holds what this would write."""
 
 from __future__ import annotations
 

@@ -8,6 +8,7 @@ import pytest
 
 from . import capacity, hookspecs, launch, preflight, shards
 from .agent import GeakAgent
+from .engine.job import run_job
 from .items import TaskItem, TaskManifest, is_manifest, record_crashed_item, record_from_report
 from .launch import install_stop_handlers
 from .leaderboard import render_run
@@ -74,6 +75,11 @@ def pytest_commbench_make_agent(config, name):
     return GeakAgent(suites, max_debug=int(setting(config, "max_debug")),
                      use_knowledge=setting(config, "knowledge") == "on",
                      retrieval=setting(config, "retrieval") == "on")
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_commbench_job_runner(config):
+    return run_job
 
 
 def pytest_commbench_model_names(config):

@@ -70,6 +70,9 @@ class Settings(RunSettings):
     cache: Path  # build cache shared by the run
     references: Path
     hide: tuple[Path, ...] = ()  # more trees no job may see (the runs root, the project)
+    # what runs the item's jobs: None is the real one (`engine.job.run_job`); the session
+    # asks the `pytest_commbench_job_runner` hook (the plugin's own tests answer with a fake)
+    runner: Callable[..., Any] | None = None  # an `engine.JobRunner`
 
     @classmethod
     def for_item(cls, run: RunSettings, **own: Any) -> Settings:

@@ -1,4 +1,9 @@
-"""Shared set-up for the plugin's own tests: a throw-away benchmark tree run through pytester."""
+"""Shared set-up for the plugin's own tests: a throw-away benchmark tree run through pytester.
+
+The tests are layered: tests/unit (no job launched: logic, and sessions run in-process on a
+fake job runner, `Bench.run_fake`), tests/e2e (real jobs, sandbox, compilers, browser, Slurm,
+simulated hosts) and tests/cheats (every cheat as a full item). This file and the helpers
+beside it (oracle_kit.py, llm_servers.py, fake_runner.py) serve all three."""
 
 from __future__ import annotations
 
@@ -35,11 +40,13 @@ class Bench:
         self.root = pytester.path
         (self.root / "pytest.ini").write_text(INI + CHECK_ONLY)
 
-    def timed(self) -> Bench:
+    def timed(self, alone: bool = True) -> Bench:
         """Items are timed against the reference (the tests of the timing itself): the test
-        has the CPUs to itself (see `cpu_share`)."""
+        has the CPUs to itself (see `cpu_share`) unless `alone` is False (a fake job
+        runner's times are its own, whatever else the machine runs)."""
         (self.root / "pytest.ini").write_text(INI)
-        exclusive_cpus()
+        if alone:
+            exclusive_cpus()
         return self
 
     def add_task(self, relpath: str = TASK, ranks: int | None = 2, name: str | None = None,
@@ -62,6 +69,16 @@ class Bench:
 
     def run(self, *args: str) -> pytest.RunResult:
         return self.pytester.runpytest_subprocess("suites", "-p", "no:cacheprovider", *args)
+
+    def run_fake(self, *args: str, jobs=None) -> pytest.RunResult:
+        """The run in this process with a fake job runner (tests/fake_runner.py: every job
+        passes, unless `jobs` says otherwise): no rank is launched, an item takes
+        milliseconds. For what the session, the records and the reports make of verdicts
+        and times; what real ranks do is tests/e2e's."""
+        from fake_runner import FakeJobs
+
+        return self.pytester.runpytest_inprocess("suites", "-p", "no:cacheprovider", *args,
+                                                 plugins=[jobs if jobs is not None else FakeJobs()])
 
     def records(self) -> list[dict]:
         """Result lines of every run in this tree, in order."""

@@ -28,13 +28,15 @@ from .tidy import tidy
 
 
 def evaluate(task: Task, world: int, answer: Reply | Candidate, platform: Platform,
-             settings: Settings, runner: JobRunner = run_job, *,
+             settings: Settings, runner: JobRunner | None = None, *,
              kind: str | None = None) -> ItemResult:
     """The verdict (and, timed, the speedup) of an answer: never raises; a failure of the
     harness, the reference or the model source is an `infra_error`. `answer` is the reply as
     a value (`kind`: "solution", the default, must pass and is timed; "mutant" must be
-    rejected), or a candidate whose answer is produced here (its kind, unless `kind` says)."""
+    rejected), or a candidate whose answer is produced here (its kind, unless `kind` says).
+    Its jobs run with `runner`, else the settings' (`Settings.runner`), else `run_job`."""
     started = time.time()
+    runner = runner or settings.runner or run_job
     if isinstance(answer, Candidate):
         kind = kind or answer.kind
         answer = produce(answer.produce)

@@ -115,7 +115,7 @@ def uncertainty(times: Times, plan: Plan) -> tuple[bool, float | None, bool]:
 
 
 def measure(plan: Plan, artifacts: dict[str, Path], run_job: JobRunner,
-            load_factory: Callable[[], HostLoad] = HostLoad) -> Measurement:
+            load_factory: Callable[[], HostLoad] | None = None) -> Measurement:
     """Run the item's jobs (`artifacts`: "sol", and "ref" where the item is timed) and return
     what they measured. Raises the solution's failure as `Rejected` (at its first failing
     job), a reference's as `InfraError`."""
@@ -147,7 +147,7 @@ def measure(plan: Plan, artifacts: dict[str, Path], run_job: JobRunner,
         # phases are charged to every later job, the reference's as well (observer.charged)
         baseline = {cid: observer.phase_baseline(ts) for cid, ts in outcome.times.items()}
         plan.batches.update(outcome.batches)
-    load = load_factory()
+    load = (load_factory or HostLoad)()  # looked up here: a test may stand in for it
     load.start()
     least = settings.timing_rounds if timed else 1
     most = max(least, settings.timing_max_rounds) if timed and settings.reps > 0 else least

@@ -18,13 +18,12 @@ from ..settings import Settings
 from ..tasks import Task
 from ..verdicts import Verdict
 from .flow import evaluate, produce
-from .job import run_job
 from .plan import JobRunner
 from .result import ItemResult, Usage, first_pass
 
 
 def refine(task: Task, world: int, candidate: Candidate, platform: Platform,
-           settings: Settings, runner: JobRunner = run_job) -> ItemResult:
+           settings: Settings, runner: JobRunner | None = None) -> ItemResult:
     """The item's result: the best passing round's (else the last's), with every round's
     tokens and cost, the round that first passed and each round's verdict."""
     started = time.time()

@@ -67,7 +67,7 @@ FEED_BYTES = 1 << 20  # a rank's feed (pipe) capacity asked for; what a batch's 
 # -- the rest of the job's contract, spelled once for both wings -------------------------------
 # Exit codes. The C guards (interpose.c, cupti_guard.c), the sandbox's first process
 # (sandbox_init.py, run with -I -S before any package is importable) and the MPS wrapper
-# (mps.py, standard library only) keep copies of theirs; tests/test_protocol.py holds every
+# (mps.py, standard library only) keep copies of theirs; tests/unit/test_protocol.py holds every
 # copy to these.
 GUARD_EXIT = 86  # a rank ended by a run-time guard (a forbidden call): audit hook, C guards
 SANITIZER_EXIT = 87  # a rank run under a memory checker that found an error
