@@ -236,8 +236,13 @@ def job_argv(plan: Plan, job_dir: Path, job_file: Path, env: dict[str, str], out
         raise RuntimeError(f"platform {platform.name} has no memory checker for {sanitize}")
     placed = {"nodes": plan.nodes} if plan.nodes else {}  # each rank's node, named
     argv = platform.launch_argv(plan.world, job_file, tuple(wrap or ()), **placed)
-    if nodes.spans(plan.nodes) and env.get("OMPI_MCA_btl") == SINGLE_NODE_BTL:
-        del env["OMPI_MCA_btl"]  # ranks on other nodes need the network's transports
+    if nodes.spans(plan.nodes):  # ranks on other nodes need the network's transports
+        if env.get("OMPI_MCA_btl") == SINGLE_NODE_BTL:
+            del env["OMPI_MCA_btl"]
+        if env.get("NCCL_SOCKET_IFNAME") == "lo":  # (shared GPUs: NCCL's sockets on loopback)
+            env.pop("NCCL_SOCKET_IFNAME")  # NCCL's choice, or the caller's NCCL_SOCKET_IFNAME
+            if os.environ.get("NCCL_SOCKET_IFNAME"):
+                env["NCCL_SOCKET_IFNAME"] = os.environ["NCCL_SOCKET_IFNAME"]
     if not settings.unsandboxed:
         argv = sandbox.wrap(job_dir, argv, env, hide=hidden(settings))
     return argv

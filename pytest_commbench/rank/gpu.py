@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import socket
 import time
 from typing import Any
 
@@ -174,7 +175,6 @@ def share_gpu(job, rank: int, size: int, local: int, vendor: DeviceVendor) -> No
     per_gpu = int(job.ranks_per_gpu or 1)
     if per_gpu <= 1:
         return
-    import socket
 
     os.environ["NCCL_HOSTID"] = f"{socket.gethostname()}-rank{rank}"
     first = local // per_gpu * per_gpu
@@ -209,6 +209,7 @@ class GpuWorld:
     def __init__(self, job, world, harness, rank: int, size: int, backend: DeviceBackend) -> None:
         cp = backend.cp
         self.cp, self.harness, self.rank, self.size = cp, harness, rank, size
+        self.spans_nodes = bool(job.spans_nodes)
         self.local_rank = local_rank(world)
         ndev = cp.cuda.runtime.getDeviceCount()
         # shared placement: local ranks r*N .. r*N+N-1 on the r-th GPU the job was given
@@ -303,14 +304,16 @@ class TorchWorld:
         torch.cuda.set_device(device)
         # the rendezvous: rank 0's TCP store on a free port, its address sent over MPI (the
         # store must not wait for its clients here: they learn the port only from the bcast)
+        # (ranks on other nodes reach it at rank 0's host name, one node's ranks on loopback)
+        host = socket.gethostname() if world.spans_nodes else "127.0.0.1"
         store = None
         if world.rank == 0:
-            store = dist.TCPStore("127.0.0.1", 0, world.size, is_master=True,
+            store = dist.TCPStore(host, 0, world.size, is_master=True,
                                   timeout=datetime.timedelta(seconds=120),
                                   wait_for_workers=False)
-        port = harness.bcast(store.port if store is not None else None, root=0)
+        host, port = harness.bcast((host, store.port) if store is not None else None, root=0)
         if store is None:
-            store = dist.TCPStore("127.0.0.1", port, world.size, is_master=False,
+            store = dist.TCPStore(host, port, world.size, is_master=False,
                                   timeout=datetime.timedelta(seconds=120))
         dist.init_process_group("nccl", store=store, rank=world.rank, world_size=world.size,
                                 device_id=device)
