@@ -213,6 +213,23 @@ def own_software() -> list[str]:
                    if any(str(Path(x).resolve()).startswith(t + "/") for t in private)})
 
 
+def default_mpiexec() -> str | None:
+    """The MPI launcher of this Python's environment, else the PATH's."""
+    here = Path(sys.executable).parent / "mpiexec"
+    return str(here) if here.exists() else shutil.which("mpiexec")
+
+
+def open_mpi_major(program: str) -> int | None:
+    """Open MPI's major version of the launcher `program` (None: not Open MPI, or unknown)."""
+    try:
+        done = subprocess.run([program, "--version"], capture_output=True, text=True,
+                              timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    found = re.search(r"\((?:Open MPI|OpenRTE)\) (\d+)\.", done.stdout + done.stderr)
+    return int(found.group(1)) if found else None
+
+
 class SimHosts:
     """A rig of simulated hosts (see the module's docstring): `start()` (or `with`) makes it,
     `close()` removes everything it made, on any failure too.
@@ -257,8 +274,7 @@ class SimHosts:
         launcher of this Python's environment) on the first host with the arguments it is
         given: the launcher of a job whose ranks span the hosts."""
         if program is None:
-            here = Path(sys.executable).parent / "mpiexec"
-            program = str(here) if here.exists() else shutil.which("mpiexec")
+            program = default_mpiexec()
         if program is None:
             raise Unavailable("no MPI launcher (mpiexec) found")
         path = self._path("bin") / name
@@ -269,12 +285,22 @@ class SimHosts:
         path.chmod(0o755)
         return path
 
-    def mpi_options(self) -> list[str]:
-        """Open MPI 5's options for a job over the rig: its ssh agent, TCP on the pair's /30
-        for the launcher's daemons and for the ranks (and no other transport between hosts),
-        no binding (the hosts share this machine's CPUs)."""
-        return ["--prtemca", "plm_ssh_agent", str(self.agent),
-                "--prtemca", "oob_tcp_if_include", self.subnet,
+    def mpi_options(self, program: str | None = None) -> list[str]:
+        """Open MPI's options for a job over the rig (`program`: the launcher they are for,
+        default as `launcher`'s): its ssh agent, TCP on the pair's /30 for the launcher's
+        daemons and for the ranks (and no other transport between hosts), no binding (the
+        hosts share this machine's CPUs). Open MPI 5's launcher (PRRTE) takes its agent as
+        `--prtemca plm_ssh_agent` (it ignores `plm_rsh_agent`); Open MPI 4's (ORTE) as
+        `--mca plm_rsh_agent`."""
+        program = program or default_mpiexec()
+        # (the remote launcher named too: an environment may have chosen another, e.g.
+        # OMPI_MCA_plm=isolated, which starts every rank on the launcher's own host)
+        if program and open_mpi_major(program) == 4:
+            launch = ["--mca", "plm", "rsh", "--mca", "plm_rsh_agent", str(self.agent)]
+        else:
+            launch = ["--prtemca", "plm", "ssh", "--prtemca", "plm_ssh_agent", str(self.agent),
+                      "--prtemca", "oob_tcp_if_include", self.subnet]
+        return [*launch,
                 "--mca", "oob_tcp_if_include", self.subnet,
                 "--mca", "btl", "self,tcp,vader",
                 "--mca", "btl_tcp_if_include", self.subnet,
