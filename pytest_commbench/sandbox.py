@@ -361,6 +361,93 @@ def wrap(job_dir: Path, argv: list[str], env: dict[str, str], hide: Iterable[Pat
     return [*prefix, sys.executable, "-I", "-S", str(INIT), json.dumps(spec)]
 
 
+REMOTE_START = Path(__file__).with_name("remote_start.py")
+#: how Open MPI's launchers take their remote-start agent and their no-tree-spawn switch:
+#: Open MPI 4 (ORTE) as `--mca plm_rsh_*`, Open MPI 5 (PRRTE) as `--prtemca plm_ssh_*` (PRRTE
+#: ignores `plm_rsh_agent`); each also from its environment
+AGENT_PARAMS = {4: ("--mca", "plm_rsh_agent", "plm_rsh_no_tree_spawn", "OMPI_MCA_"),
+                5: ("--prtemca", "plm_ssh_agent", "plm_ssh_no_tree_spawn", "PRTE_MCA_")}
+MCA_FLAGS = ("--mca", "-mca", "--prtemca", "-prtemca", "--gmca", "-gmca")
+
+
+@functools.lru_cache(maxsize=8)
+def open_mpi_major(program: str) -> int | None:
+    from .simhosts import open_mpi_major as major
+
+    return major(program)
+
+
+def remote_agent(argv: list[str], env: Mapping[str, str], major: int) -> tuple[list[str],
+                                                                               list[str]]:
+    """(the launcher's command without its remote-start agent, that agent's command): the
+    one its options name (the last), else its environment's, else ssh."""
+    names = {AGENT_PARAMS[major][1], "plm_rsh_agent", "plm_ssh_agent", "orte_rsh_agent",
+             "pls_rsh_agent"}
+    ours = {"plm", "plm_rsh_no_tree_spawn", "plm_ssh_no_tree_spawn",  # set again by the caller
+            "orte_leave_session_attached"}
+    kept, agent = [argv[0]], None
+    i = 1
+    while i < len(argv):
+        if argv[i] in MCA_FLAGS and i + 2 < len(argv) and argv[i + 1] in names | ours:
+            if argv[i + 1] in names:
+                agent = argv[i + 2]
+            i += 3
+            continue
+        kept.append(argv[i])
+        i += 1
+    if agent is None:
+        agent = next((env[k] for k in (f"{AGENT_PARAMS[major][3]}{AGENT_PARAMS[major][1]}",
+                                       "OMPI_MCA_plm_rsh_agent") if env.get(k)), "ssh")
+    # Open MPI's own reading: words split at blanks; "ssh : rsh" tries each in turn
+    agent = agent.split(":")[0].strip() or "ssh"
+    return kept, agent.split()
+
+
+def wrap_over_nodes(job_dir: Path, argv: list[str], env: dict[str, str], hide: Iterable[Path],
+                    remote: Iterable[str], keep: Iterable[Path | str] | None = None,
+                    limits: Mapping[str, Any] | None = None) -> list[str]:
+    """The command that runs a job whose ranks span nodes in one sandbox per node: `argv`
+    (Open MPI's mpirun) inside the sandbox of this node, its daemon on each node of `remote`
+    inside a sandbox of that node, started outside by `remote_start.py`'s broker with the
+    remote-start agent the launcher was given (see that file). Every node's sandbox has the
+    same view (`plan`'s, from the same `hide` and `keep`) and limits of its own."""
+    major = open_mpi_major(argv[0])
+    if major not in AGENT_PARAMS:
+        raise RuntimeError(f"{argv[0]} is not Open MPI 4 or 5: a job over nodes runs in its "
+                           "sandbox only with Open MPI's mpirun")
+    prefix = unshare_argv()
+    if prefix is None:
+        raise RuntimeError("unshare (util-linux) is not installed")
+    remote = list(dict.fromkeys(remote))
+    ro = Path(job_dir) / "ro"
+    client = ro / REMOTE_START.name
+    shutil.copyfile(REMOTE_START, client)
+    words = [sys.executable, "-I", "-S", str(client), "start"]
+    if any(not w or any(c.isspace() for c in w) for w in words):
+        raise RuntimeError(f"the remote-start agent's command has a blank in a path: {words}")
+    kept, agent = remote_agent(argv, env, major)
+    flag, agent_param, tree_param, _ = AGENT_PARAMS[major]
+    launch = [kept[0], flag, "plm", "rsh" if major == 4 else "ssh", flag, agent_param,
+              " ".join(words), flag, tree_param, "1"]
+    if major == 4:  # ORTE daemonizes its remote daemons: one must stay in its sandbox
+        launch += ["--mca", "orte_leave_session_attached", "1"]
+    launch += kept[1:]
+    plans = {}
+    for i, node in enumerate(remote):
+        spec = plan(job_dir, ["/bin/false"], env, hide, keep, limits)
+        spec["lifeline"] = "stdin"
+        path = ro / f"sandbox-{i}.json"
+        path.write_text(json.dumps(spec))
+        plans[node] = str(path)
+    config = {"socket": str(Path(job_dir).resolve() / "remote-start.sock"), "agent": agent,
+              "nodes": remote, "plans": plans,
+              "sandbox": [*prefix, sys.executable, "-I", "-S", str(INIT)]}
+    (ro / "remote-start.json").write_text(json.dumps(config))
+    local = wrap(job_dir, launch, env, hide, keep, limits)
+    return [sys.executable, "-I", "-S", str(REMOTE_START), "serve", str(ro / "remote-start.json"),
+            "--", *local]
+
+
 @functools.lru_cache(maxsize=1)
 def probe() -> str | None:
     """None when sandboxes work on this machine, else the reason they do not."""
