@@ -252,3 +252,140 @@ def test_software_in_a_tree_the_hosts_replace_is_shared_with_them(monkeypatch, t
     found = simhosts.own_software()
     assert str(venv) in found and "/usr" not in found
     assert all(x.startswith(("/tmp/", "/dev/shm/")) for x in found)
+
+
+# -- a sandbox on each node: mpirun's here, its daemon's on the other host ---------------------
+
+RANK = r"""
+import json, os, signal, socket, sys, time
+from pathlib import Path
+from mpi4py import MPI
+comm = MPI.COMM_WORLD
+rank = comm.Get_rank()
+job = Path(sys.argv[0]).resolve().parent.parent
+open(f"/tmp/commbench-mark-{rank}", "w").write("x")
+(job / f"up-{rank}").write_text(socket.gethostname())
+comm.Barrier()
+mode = os.environ.get("RANK_MODE", "hello")
+if mode == "sleep":
+    time.sleep(600)
+if mode == "die" and rank == 2:
+    print(f"rank 2 on {socket.gethostname()} kills itself", flush=True)
+    os.kill(os.getpid(), signal.SIGKILL)
+if mode == "die":
+    comm.Barrier()  # the others wait for a peer that is gone
+    time.sleep(600)
+said = comm.gather({
+    "rank": rank, "host": socket.gethostname(),
+    "pidns": os.readlink("/proc/self/ns/pid"), "userns": os.readlink("/proc/self/ns/user"),
+    "seen": [p for p in sys.argv[1:] if os.path.exists(p)],
+    "marks": sorted(n for n in os.listdir("/tmp") if n.startswith("commbench-mark-")),
+}, root=0)
+if rank == 0:
+    print("HELLO " + json.dumps(said), flush=True)
+"""
+
+# the controller, on h1: a job of four ranks, two on each host, in a sandbox per host
+DRIVE = r"""
+import json, os, signal, shutil, sys, time
+from pathlib import Path
+from pytest_commbench import launch, sandbox
+mpirun, python, job, script, mode, *hide = sys.argv[1:]
+job = Path(job)
+(job / "ro").mkdir(parents=True)
+shutil.copyfile(script, job / "ro" / "rank.py")
+mine = Path("/tmp/commbench-controller-file")  # the controller's own file, on its node
+mine.write_text("x")
+seen = [*hide, str(mine), os.environ["SIMHOSTS_AGENT"], str(job / "remote-start.sock")]
+argv = [mpirun, *json.loads(os.environ["RIG_OPTIONS"]), "-n", "4", "--host", "h1:2,h2:2",
+        "--map-by", "slot", python, str(job / "ro" / "rank.py"), *seen]
+env = launch.mpi_env()
+env.pop("OMPI_MCA_btl", None)
+env["RANK_MODE"] = mode
+command = sandbox.wrap_over_nodes(job, argv, env, hide=[Path(h) for h in hide], remote=["h2"])
+running = launch.Job(command, job, 90, env=env)
+if mode == "sleep":  # the controller dies once every rank is up
+    deadline = time.monotonic() + 60
+    while len(list(job.glob("up-*"))) < 4 and running.alive() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    print("UP " + json.dumps(sorted(p.read_text() for p in job.glob("up-*"))), flush=True)
+    os.kill(os.getpid(), signal.SIGKILL)
+running.wait()
+result = running.finish()
+print("PIDNS " + os.readlink("/proc/self/ns/pid"))
+print(f"RC {result.returncode}")
+print(result.output)
+"""
+
+
+def _mpi(which: str) -> tuple[str, str]:
+    """(mpirun, the Python whose mpi4py goes with it) of Open MPI `which` major, or a skip."""
+    if which == "5":
+        program, python = simhosts.default_mpiexec(), sys.executable
+    else:
+        program, python = "/usr/bin/mpirun", "/usr/bin/python3"
+    if not program or not os.path.exists(program) or \
+            simhosts.open_mpi_major(program) != int(which):
+        pytest.skip(f"no Open MPI {which} here")
+    probe = subprocess.run([python, "-c", "import mpi4py, numpy"], capture_output=True)
+    if probe.returncode != 0:
+        pytest.skip(f"{python} has no mpi4py for Open MPI {which}")
+    return program, python
+
+
+def _drive(rig: simhosts.SimHosts, tmp_path: Path, which: str, mode: str,
+           hide: list[Path]) -> subprocess.CompletedProcess:
+    program, python = _mpi(which)
+    (tmp_path / "rank.py").write_text(RANK)
+    (tmp_path / "drive.py").write_text(DRIVE)
+    package = Path(simhosts.__file__).parent
+    env = {**os.environ, "PYTHONPATH": str(package.parent), "SIMHOSTS_AGENT": str(rig.agent),
+           "RIG_OPTIONS": json.dumps(rig.mpi_options(program))}
+    return rig.run("h1", [sys.executable, str(tmp_path / "drive.py"), program, python,
+                          str(tmp_path / "job"), str(tmp_path / "rank.py"), mode,
+                          *map(str, hide)], timeout=120, env=env, cwd=tmp_path)
+
+
+@pytest.mark.parametrize("which", ["5", "4"], ids=["openmpi5", "openmpi4"])
+def test_each_hosts_ranks_run_in_a_sandbox_of_that_host(sim_hosts, tmp_path, which):
+    secret = tmp_path / "references" / "solution.py"
+    secret.parent.mkdir()
+    secret.write_text("SECRET")
+    package = Path(simhosts.__file__).parent
+    done = _drive(sim_hosts, tmp_path, which, "hello", [secret.parent, package])
+    out = done.stdout + done.stderr
+    assert done.returncode == 0 and "RC 0" in done.stdout, out[-3000:]
+    said = json.loads(next(ln for ln in done.stdout.splitlines()
+                           if ln.startswith("HELLO "))[len("HELLO "):])
+    assert [r["host"] for r in said] == ["h1", "h1", "h2", "h2"]
+    # nothing hidden is found on either host: the references, the package, the controller's
+    # own file, the rig's remote-start agent, the broker's socket (closed once h2 started)
+    assert [r["seen"] for r in said] == [[]] * 4
+    # one sandbox per host: the host's ranks share its PID namespace and /tmp, the other
+    # host's are in another, and neither is the controller's
+    controller = next(ln for ln in done.stdout.splitlines() if ln.startswith("PIDNS "))[6:]
+    assert said[0]["pidns"] == said[1]["pidns"] != said[2]["pidns"] == said[3]["pidns"]
+    assert controller not in {r["pidns"] for r in said}
+    assert said[0]["userns"] == said[1]["userns"] != said[2]["userns"] == said[3]["userns"]
+    assert [r["marks"] for r in said] == [["commbench-mark-0", "commbench-mark-1"]] * 2 + [
+        ["commbench-mark-2", "commbench-mark-3"]] * 2
+    assert _quiet(sim_hosts) == []
+
+
+@pytest.mark.parametrize("which", ["5", "4"], ids=["openmpi5", "openmpi4"])
+def test_a_sandboxed_rank_killed_on_the_second_host_ends_the_job_and_leaves_nothing(
+        sim_hosts, tmp_path, which):
+    done = _drive(sim_hosts, tmp_path, which, "die", [])
+    out = done.stdout + done.stderr
+    assert "rank 2 on h2 kills itself" in out, out[-3000:]
+    assert "RC 0" not in done.stdout, out[-3000:]
+    assert _quiet(sim_hosts) == [], "processes left on the hosts"
+
+
+@pytest.mark.parametrize("which", ["5", "4"], ids=["openmpi5", "openmpi4"])
+def test_every_hosts_sandbox_ends_with_its_controller(sim_hosts, tmp_path, which):
+    done = _drive(sim_hosts, tmp_path, which, "sleep", [])
+    up = next((ln for ln in done.stdout.splitlines() if ln.startswith("UP ")), "UP []")
+    assert json.loads(up[3:]) == ["h1", "h1", "h2", "h2"], done.stdout + done.stderr
+    assert done.returncode != 0  # the controller was killed
+    assert _quiet(sim_hosts, 20.0) == [], "the job outlived its controller"
