@@ -119,15 +119,20 @@ def test_a_command_runs_with_the_hosts_up_and_the_variables_a_run_reads(tmp_path
     reason = simhosts.unavailable()
     if reason:
         pytest.skip(reason)
-    show = ('echo "$COMMBENCH_HOSTFILE|$COMMBENCH_UNSANDBOXED"; "$SIMHOSTS_AGENT" h2 hostname; '
-            'case "$COMMBENCH_LAUNCHER" in */bin/mpirun*plm_ssh_agent*) echo ok ;; esac')
+    show = ('echo "$COMMBENCH_HOSTFILE|${COMMBENCH_UNSANDBOXED-unset}|$(hostname)|$PWD"; '
+            '"$SIMHOSTS_AGENT" h2 hostname; '
+            'case "$COMMBENCH_LAUNCHER" in */bin/mpi*plm_ssh_agent*|*/bin/mpi*plm_rsh_agent*) '
+            'echo ok ;; esac')
     done = subprocess.run([sys.executable, "-m", "pytest_commbench.simhosts", "run", "--",
                            "sh", "-c", show], capture_output=True, text=True, timeout=JOB_S,
-                          cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(
+                          cwd=tmp_path, env={**os.environ, "COMMBENCH_UNSANDBOXED": "1",
+                                             "PYTHONPATH": str(
                               Path(simhosts.__file__).parent.parent)})
     assert done.returncode == 0, done.stderr
-    hostfile, unsandboxed = done.stdout.splitlines()[0].split("|")
-    assert hostfile.endswith("/hostfile") and unsandboxed == "1"
+    hostfile, unsandboxed, host, where = done.stdout.splitlines()[0].split("|")
+    # on the first host, in the calling folder; jobs run in their sandboxes
+    assert hostfile.endswith("/hostfile") and unsandboxed == "unset"
+    assert (host, where) == ("h1", str(tmp_path))
     assert done.stdout.splitlines()[1:] == ["h2", "ok"]
     assert not Path(hostfile).exists()  # the rig is gone with the command
     usage = subprocess.run([sys.executable, "-m", "pytest_commbench.simhosts", "run"],
@@ -207,16 +212,27 @@ def _span(bench, rig: simhosts.SimHosts, *args: str, hostfile: Path | None = Non
         "--commbench-ranks-per-node=1", *args, timeout=240)
 
 
+def _span_sandboxed(bench, rig: simhosts.SimHosts, *args: str, per_node: int = 1):
+    """A run whose controller is on h1 (as on a node of its allocation), its jobs in their
+    sandboxes, one on each host they span."""
+    program = simhosts.default_mpiexec()
+    launcher = shlex.join([program, *rig.mpi_options(program)])
+    return bench.pytester.run(*rig.command("h1", [
+        sys.executable, "-m", "pytest", "suites", "-p", "no:cacheprovider", "--platform=cpu",
+        f"--commbench-launcher={launcher}", f"--commbench-hostfile={rig.hostfile}",
+        f"--commbench-ranks-per-node={per_node}", *args]), timeout=240)
+
+
 def test_an_item_with_a_rank_on_each_host_passes_and_its_record_names_them(bench, sim_hosts):
     bench.add_task("p2p/pingpong", ranks=2)
-    result = _span(bench, sim_hosts)
+    result = _span_sandboxed(bench, sim_hosts)
     assert result.ret == 0, result.stdout.str()[-3000:]
     (record,) = bench.records()
     assert record["verdict"] == "pass", record["message"]
     assert record["hosts"] == ["h1", "h2"]
     assert _quiet(sim_hosts) == []
     # its mutants are rejected across the hosts as on one
-    result = _span(bench, sim_hosts, "--commbench-model=mutants")
+    result = _span_sandboxed(bench, sim_hosts, "--commbench-model=mutants")
     mutants = [r for r in bench.records() if r["model"] == "mutants"]
     assert len(mutants) >= 2 and all(r["verdict"] == "wrong_answer" for r in mutants), [
         (r["candidate"], r["verdict"], r["message"]) for r in mutants]
@@ -389,3 +405,81 @@ def test_every_hosts_sandbox_ends_with_its_controller(sim_hosts, tmp_path, which
     assert json.loads(up[3:]) == ["h1", "h1", "h2", "h2"], done.stdout + done.stderr
     assert done.returncode != 0  # the controller was killed
     assert _quiet(sim_hosts, 20.0) == [], "the job outlived its controller"
+
+
+SPY = '''"""Ping-pong between ranks 0 and 1 of ctx.comm: one round trip per call."""
+
+import numpy as np
+from mpi4py import MPI
+
+
+def pingpong(ctx, sendbuf: np.ndarray, recvbuf: np.ndarray) -> None:
+    comm: MPI.Comm = ctx.comm
+    # >>> COMMBENCH EDIT pingpong
+    # first look for what no job may see: the expert solution, the package, the controller's
+    # project and its results, whatever the host
+    import socket
+    found = []
+    for path in {look!r}:
+        try:
+            with open(path, "rb") as f:
+                found.append((path, len(f.read())))
+        except OSError:
+            pass
+    if found:
+        raise RuntimeError(f"rank {{comm.Get_rank()}} on {{socket.gethostname()}} read {{found}}")
+    rank = comm.Get_rank()
+    if rank == 0:
+        reply = comm.Irecv(recvbuf, source=1, tag=1)
+        comm.Send(sendbuf, dest=1, tag=0)
+        reply.Wait()
+    elif rank == 1:
+        comm.Recv(recvbuf, source=0, tag=0)
+        comm.Send(sendbuf, dest=0, tag=1)
+    # <<< COMMBENCH EDIT
+'''
+
+
+def test_a_rank_on_the_second_host_reads_nothing_a_job_may_not_see(bench, sim_hosts):
+    """A solution whose ranks (one on each host) read the reference, the package, the
+    controller's project files and an earlier job's output: sandboxed, nothing is found
+    on either host and the item passes; without the sandboxes the same solution reads them
+    (so the look is real)."""
+    bench.add_task("p2p/pingpong", ranks=2)
+    earlier = bench.root / "runs" / "earlier" / "work" / "item" / "sol0" / "out" / "answer.npy"
+    earlier.parent.mkdir(parents=True)
+    earlier.write_bytes(b"an earlier job's output")
+    look = [str(bench.root / "references" / "p2p" / "pingpong" / "solution.py"),
+            str(Path(simhosts.__file__).parent / "observer.py"),
+            str(bench.root / "pytest.ini"), str(earlier)]
+    spy = bench.root / "spy"
+    (spy / "p2p" / "pingpong").mkdir(parents=True)
+    (spy / "p2p" / "pingpong" / "solution.py").write_text(SPY.format(look=look))
+    result = _span_sandboxed(bench, sim_hosts, f"--commbench-model=dir:{spy}")
+    (record,) = bench.records()
+    assert record["verdict"] == "pass", (record["message"], result.stdout.str()[-2000:])
+    assert record["hosts"] == ["h1", "h2"]
+    assert _quiet(sim_hosts) == []
+    result = _span_sandboxed(bench, sim_hosts, f"--commbench-model=dir:{spy}",
+                             "--commbench-unsandboxed")
+    control = bench.records()[-1]
+    assert control["verdict"] == "runtime_error", control
+    said = f"{control['message']}\\n{control.get('detail') or ''}"
+    assert "read [(" in said and "solution.py" in said, said
+    assert _quiet(sim_hosts) == []
+
+
+@pytest.mark.parametrize("cheat", ["read_references", "read_other_jobs"])
+def test_the_cheats_that_read_hidden_files_are_rejected_with_a_rank_on_each_host(
+        bench, sim_hosts, cheat):
+    import tomllib
+
+    folder = Path(__file__).resolve().parents[2] / "fixtures" / "cheats" / cheat
+    spec = tomllib.loads((folder / "cheat.toml").read_text())
+    bench.add_task(spec["task"], ranks=2)
+    result = _span_sandboxed(bench, sim_hosts, f"--commbench-model=dir:{folder}")
+    (record,) = bench.records()
+    assert record["verdict"] in spec["expect"], (record["verdict"], record["message"],
+                                                 result.stdout.str()[-2000:])
+    assert record["hosts"] == ["h1", "h2"]
+    assert _quiet(sim_hosts) == []
