@@ -22,7 +22,9 @@ was asked, and a job whose ranks landed elsewhere is the machine's failure (`inf
 its message saying where they landed.
 
 Only mpirun is exercised here (on simulated hosts, `simhosts.py`); srun and flux run are
-built as their manuals describe and untested against a real Slurm or Flux.
+built as their manuals describe and untested against a real Slurm or Flux. A sandboxed job
+goes to other nodes with mpirun only (a sandbox per node: `sandbox.wrap_over_nodes`); with
+srun or flux run such an item is skipped saying so.
 """
 
 from __future__ import annotations

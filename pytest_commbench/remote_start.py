@@ -18,7 +18,8 @@ made outside by this file's broker:
   (a file the controller wrote in the job's read-only folder). Each node of CONFIG's `nodes`
   is started once, and the socket is closed once every one was: mpirun starts all its daemons
   before any rank (no tree spawn: the daemons start none themselves), so no rank ever finds
-  it open. The broker ends with the launcher's node's sandbox, with its status (its signal
+  it open (and the controller, once every rank reached it, tells the broker to close it
+  whatever node was not asked for: `SIGUSR1`). The broker ends with the launcher's node's sandbox, with its status (its signal
   too); the remote sandboxes then lose their lifeline and end.
 - `python -I -S ro/remote_start.py start NODE WORDS...` (the client, mpirun's
   `plm_rsh_agent` / `plm_ssh_agent`, inside the sandbox): says NODE and the command (its
@@ -174,6 +175,8 @@ def _launch(config: dict, node: str, command: str, out: list[int]) -> tuple[subp
 
 
 def serve(config_path: str, argv: list[str]) -> int:
+    done = []  # the controller's word that every rank runs: no start is made any more
+    signal.signal(signal.SIGUSR1, lambda *_: done.append(1))
     with open(config_path) as f:
         config = json.load(f)
     waiting = list(config["nodes"])  # each node's start, once
@@ -204,6 +207,8 @@ def serve(config_path: str, argv: list[str]) -> int:
     remotes: list[Remote] = []
     try:
         while local.poll() is None:
+            if done:
+                close_listener()
             watched = [r.conn for r in remotes if r.conn is not None]
             if listener is not None:
                 watched.append(listener)

@@ -10,7 +10,9 @@ environment (`python_roots()`), the trees a job's libraries need (`keep`, by def
 names (the package, the references, the runs and scratch roots with every other item's and
 job's files, the project tree) is subtracted where it lies inside a kept tree. `probe()`
 says once per process whether namespaces work here; where they do not, an item is
-`infra_error` with the reason unless the user passed `--commbench-unsandboxed`.
+`infra_error` with the reason unless the user passed `--commbench-unsandboxed`. A job whose
+ranks run on other nodes has one sandbox per node (`wrap_over_nodes`: mpirun's here, its
+daemon's on each other node, started outside by `remote_start.py`'s broker).
 
 A job's limits travel in its plan (`default_limits`, any of them changed by `plan`'s
 `limits`): `pids_max` processes and threads for the whole job (a pids cgroup of its own
@@ -31,6 +33,7 @@ import os
 import re
 import secrets
 import shutil
+import signal
 import subprocess
 import sys
 import sysconfig
@@ -446,6 +449,14 @@ def wrap_over_nodes(job_dir: Path, argv: list[str], env: dict[str, str], hide: I
     local = wrap(job_dir, launch, env, hide, keep, limits)
     return [sys.executable, "-I", "-S", str(REMOTE_START), "serve", str(ro / "remote-start.json"),
             "--", *local]
+
+
+def ranks_up(proc: subprocess.Popen, argv: list[str]) -> None:
+    """Every rank of the job `proc` runs (`argv`, its command): where it is a broker of
+    remote starts (`wrap_over_nodes`), it closes its socket now, whatever node its launcher
+    did not ask for (one the launcher took for its own)."""
+    if argv[3:5] == [str(REMOTE_START), "serve"] and proc.poll() is None:
+        proc.send_signal(signal.SIGUSR1)
 
 
 @functools.lru_cache(maxsize=1)

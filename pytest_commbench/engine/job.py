@@ -153,6 +153,7 @@ def run_job(plan: Plan, artifact: Path, job_dir: Path, timed: bool,
     try:
         began = time.monotonic()
         obs.connect(job)
+        sandbox.ranks_up(job.proc, argv)  # a broker of remote starts starts no more
         connected = time.monotonic()
         misplaced = nodes.misplaced(plan.nodes, obs.hosts) if plan.nodes else None
         if misplaced:  # the launcher's doing, whatever the ranks did since

@@ -36,6 +36,11 @@ def start(node, *words):
                           capture_output=True, text=True, timeout=30)
     print("START " + json.dumps({"node": node, "rc": done.returncode, "out": done.stdout,
                                  "err": done.stderr}), flush=True)
+if os.environ.get("RANKS_UP"):  # as the controller says once every rank runs
+    os.kill(os.getppid(), 10)  # SIGUSR1
+    time.sleep(0.5)
+    start("b", "prted")
+    sys.exit(0)
 start("elsewhere", "true")
 start("b", "prted", "--x", "'a b'")
 start("b", "prted")   # the socket is closed once every node started
@@ -48,7 +53,8 @@ sys.exit(3)
 """
 
 
-def _broker(tmp_path: Path, nodes: list[str]) -> tuple[subprocess.CompletedProcess, Path]:
+def _broker(tmp_path: Path, nodes: list[str], ranks_up: bool = False
+            ) -> tuple[subprocess.CompletedProcess, Path]:
     ro = tmp_path / "job" / "ro"
     ro.mkdir(parents=True)
     client = ro / "remote_start.py"
@@ -65,7 +71,8 @@ def _broker(tmp_path: Path, nodes: list[str]) -> tuple[subprocess.CompletedProce
                            str(ro / remote_start.CONFIG), "--", sys.executable,
                            str(tmp_path / "launcher.py"), str(client)],
                           capture_output=True, text=True, timeout=60,
-                          env={"CUT_FILE": str(cut), "PATH": "/usr/bin:/bin"})
+                          env={"CUT_FILE": str(cut), "PATH": "/usr/bin:/bin",
+                               **({"RANKS_UP": "1"} if ranks_up else {})})
     return done, cut
 
 
@@ -98,6 +105,14 @@ def test_the_socket_closes_once_every_node_is_started(tmp_path):
     # the listener is gone: the next client cannot even connect
     assert again["rc"] == 255 and "started already" not in again["err"]
     assert "No such file" in again["err"] or "refused" in again["err"], again
+
+
+def test_the_socket_closes_when_the_controller_says_every_rank_runs(tmp_path):
+    done, _cut = _broker(tmp_path, ["b"], ranks_up=True)
+    (late,) = _starts(done)
+    assert done.returncode == 0, done.stderr
+    assert late["rc"] == 255 and ("No such file" in late["err"] or "refused" in late["err"])
+    assert not (tmp_path / "job" / "remote-start.sock").exists()
 
 
 @pytest.mark.parametrize("major", [4, 5])
