@@ -1,9 +1,12 @@
 """Simulated hosts (`pytest_commbench.simhosts`): two hosts on this machine, made without
 privilege, joined by a veth pair on a private /30. An MPI job across them (each rank on its
 own host, with its own name, address, /tmp and /dev/shm), a rank killed on the second host,
-the rig removed with nothing left (by its maker, and when its maker is killed), and a
-benchmark item whose ranks span the hosts through the placement options (the job's folder on
-the hosts' shared filesystem). Every job here is bounded in time."""
+the rig removed with nothing left (by its maker, and when its maker is killed), and
+benchmark items whose ranks span the hosts through the placement options (the job's folder on
+the hosts' shared filesystem), in a sandbox per host with the controller on h1: what a rank
+on either host can see, a rank killed, a hang, the controller killed, nothing left on either
+host after any of them (Open MPI 5, and 4 where the system has it). Every job here is
+bounded in time."""
 
 from __future__ import annotations
 
@@ -483,3 +486,15 @@ def test_the_cheats_that_read_hidden_files_are_rejected_with_a_rank_on_each_host
                                                  result.stdout.str()[-2000:])
     assert record["hosts"] == ["h1", "h2"]
     assert _quiet(sim_hosts) == []
+
+
+def test_a_hanging_item_over_the_hosts_is_killed_at_its_deadline_and_leaves_nothing(
+        bench, sim_hosts):
+    bench.add_task("collective/ring_allreduce", ranks=2)
+    hang = Path(__file__).resolve().parents[2] / "fixtures" / "solutions" / "hang"
+    _span_sandboxed(bench, sim_hosts, f"--commbench-model=dir:{hang}", "--commbench-timeout=5")
+    (record,) = bench.records()
+    assert record["verdict"] == "timeout", (record["verdict"], record["message"])
+    assert record["hosts"] == ["h1", "h2"]
+    # the job's session killed: every host's sandbox with it, the second host's included
+    assert _quiet(sim_hosts) == [], "processes left on the hosts"
