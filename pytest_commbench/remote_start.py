@@ -50,6 +50,7 @@ REQUEST_S = 2.0  # a connection must say its request within this time
 STOP_S = 5.0  # a remote sandbox has this long to end once its lifeline is cut
 TICK_S = 0.05
 PR_SET_PDEATHSIG = 1
+LIMIT_EXIT = 122  # sandbox_init's: a sandbox stopped its job at one of its limits
 
 
 def _address(path: str) -> tuple[int, str]:
@@ -250,6 +251,11 @@ def serve(config_path: str, argv: list[str]) -> int:
                 r.proc.kill()
                 r.proc.wait()
     code = local.wait()
+    stopped = [r.node for r in remotes if r.proc.returncode == LIMIT_EXIT]
+    if code > 0 and stopped:
+        # a node's sandbox stopped its part of the job at one of its limits (its line is on
+        # the job's output): the job ends as a job stopped at a limit does on one node
+        code = LIMIT_EXIT
     if code < 0:  # the sandbox died of a signal: so does its broker (the controller reads it)
         signal.signal(-code, signal.SIG_DFL)
         os.kill(os.getpid(), -code)

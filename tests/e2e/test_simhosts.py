@@ -10,6 +10,7 @@ bounded in time."""
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shlex
@@ -21,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_commbench import simhosts
+from pytest_commbench import sandbox, simhosts
 
 JOB_S = 60  # an MPI job on the rig takes about a second
 
@@ -288,6 +289,26 @@ comm.Barrier()
 mode = os.environ.get("RANK_MODE", "hello")
 if mode == "sleep":
     time.sleep(600)
+if mode == "fork":  # ranks 0 (h1) and 2 (h2) start 400 children each, and hold them
+    children, error = [], None
+    if rank in (0, 2):
+        for _ in range(400):
+            try:
+                pid = os.fork()
+            except OSError as exc:
+                error = exc.errno
+                break
+            if pid == 0:
+                signal.pause()
+                os._exit(0)
+            children.append(pid)
+        print(f"FORKED {rank} {len(children)} {error}", flush=True)
+    comm.Barrier()  # both hold theirs at once
+    time.sleep(1)
+    for pid in children:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+    sys.exit(0)
 if mode == "die" and rank == 2:
     print(f"rank 2 on {socket.gethostname()} kills itself", flush=True)
     os.kill(os.getpid(), signal.SIGKILL)
@@ -321,7 +342,9 @@ argv = [mpirun, *json.loads(os.environ["RIG_OPTIONS"]), "-n", "4", "--host", "h1
 env = launch.mpi_env()
 env.pop("OMPI_MCA_btl", None)
 env["RANK_MODE"] = mode
-command = sandbox.wrap_over_nodes(job, argv, env, hide=[Path(h) for h in hide], remote=["h2"])
+limits = json.loads(os.environ.get("LIMITS", "null"))
+command = sandbox.wrap_over_nodes(job, argv, env, hide=[Path(h) for h in hide], remote=["h2"],
+                                  limits=limits)
 running = launch.Job(command, job, 90, env=env)
 if mode == "sleep":  # the controller dies once every rank is up
     deadline = time.monotonic() + 60
@@ -353,13 +376,13 @@ def _mpi(which: str) -> tuple[str, str]:
 
 
 def _drive(rig: simhosts.SimHosts, tmp_path: Path, which: str, mode: str,
-           hide: list[Path]) -> subprocess.CompletedProcess:
+           hide: list[Path], limits: dict | None = None) -> subprocess.CompletedProcess:
     program, python = _mpi(which)
     (tmp_path / "rank.py").write_text(RANK)
     (tmp_path / "drive.py").write_text(DRIVE)
     package = Path(simhosts.__file__).parent
     env = {**os.environ, "PYTHONPATH": str(package.parent), "SIMHOSTS_AGENT": str(rig.agent),
-           "RIG_OPTIONS": json.dumps(rig.mpi_options(program))}
+           "RIG_OPTIONS": json.dumps(rig.mpi_options(program)), "LIMITS": json.dumps(limits)}
     return rig.run("h1", [sys.executable, str(tmp_path / "drive.py"), program, python,
                           str(tmp_path / "job"), str(tmp_path / "rank.py"), mode,
                           *map(str, hide)], timeout=120, env=env, cwd=tmp_path)
@@ -388,6 +411,39 @@ def test_each_hosts_ranks_run_in_a_sandbox_of_that_host(sim_hosts, tmp_path, whi
     assert said[0]["userns"] == said[1]["userns"] != said[2]["userns"] == said[3]["userns"]
     assert [r["marks"] for r in said] == [["commbench-mark-0", "commbench-mark-1"]] * 2 + [
         ["commbench-mark-2", "commbench-mark-3"]] * 2
+    assert _quiet(sim_hosts) == []
+
+
+def test_each_hosts_sandbox_has_its_own_process_limit(sim_hosts, tmp_path):
+    """300 processes per host's sandbox: a rank on each host starts 400 children at once;
+    each gets most of its own host's 300 (the two together more than one limit would allow)
+    and none gets past it: refused by the host's pids cgroup (or RLIMIT_NPROC), or counted,
+    when the host's sandbox stops the job at its limit and says so."""
+    done = _drive(sim_hosts, tmp_path, "5", "fork", [], limits={"pids_max": 300})
+    out = done.stdout + done.stderr
+    forked = {int(w[1]): (int(w[2]), w[3]) for w in (ln.split() for ln in out.splitlines())
+              if w[:1] == ["FORKED"]}
+    if forked.keys() == {0, 2}:  # the kernel refused the fork past each host's limit
+        assert "RC 0" in done.stdout, out[-3000:]
+        for count, error in forked.values():
+            assert 150 < count < 300 and error == str(errno.EAGAIN), out[-3000:]
+    else:  # a host's sandbox counted its processes and stopped the job
+        assert f"RC {sandbox.LIMIT_EXIT}" in done.stdout, out[-3000:]
+        assert "more than its limit of 300" in out, out[-3000:]
+    assert _quiet(sim_hosts) == []
+
+
+def test_a_host_that_stops_its_part_at_a_limit_ends_the_job_as_a_limit(sim_hosts, tmp_path):
+    """No cgroup: the sandboxes count their processes (the host's uid is root here, whom
+    RLIMIT_NPROC does not bind) or RLIMIT_NPROC refuses the fork; a host's sandbox that
+    stops its part makes the job's status the limit's."""
+    done = _drive(sim_hosts, tmp_path, "5", "fork", [], limits={"pids_max": 300,
+                                                                  "cgroup": None})
+    out = done.stdout + done.stderr
+    if os.getuid() != 0:
+        pytest.skip("RLIMIT_NPROC binds this user: the kernel refuses the fork, nothing stops")
+    assert f"RC {sandbox.LIMIT_EXIT}" in done.stdout, out[-3000:]
+    assert "[commbench sandbox] stopped the job: the job ran" in out, out[-3000:]
     assert _quiet(sim_hosts) == []
 
 
