@@ -252,9 +252,10 @@ def serve(config_path: str, argv: list[str]) -> int:
                 r.proc.wait()
     code = local.wait()
     stopped = [r.node for r in remotes if r.proc.returncode == LIMIT_EXIT]
-    if code > 0 and stopped:
+    if code >= 0 and stopped:
         # a node's sandbox stopped its part of the job at one of its limits (its line is on
-        # the job's output): the job ends as a job stopped at a limit does on one node
+        # the job's output): the job ends as a job stopped at a limit does on one node,
+        # whatever the launcher made of its lost daemon (PRRTE may even end with 0)
         code = LIMIT_EXIT
     if code < 0:  # the sandbox died of a signal: so does its broker (the controller reads it)
         signal.signal(-code, signal.SIG_DFL)

@@ -43,6 +43,7 @@ from typing import Any
 
 from .launch import drained, find_mpiexec
 from .rank.protocol import LIMIT_EXIT, SANDBOX_FAILED
+from .remote_start import CONFIG as REMOTE_CONFIG
 
 INIT = Path(__file__).with_name("sandbox_init.py")
 # sandbox_init's exit codes (its own copies; rank/protocol.py spells them for the controller)
@@ -416,8 +417,8 @@ def wrap_over_nodes(job_dir: Path, argv: list[str], env: dict[str, str], hide: I
     same view (`plan`'s, from the same `hide` and `keep`) and limits of its own."""
     major = open_mpi_major(argv[0])
     if major not in AGENT_PARAMS:
-        raise RuntimeError(f"{argv[0]} is not Open MPI 4 or 5: a job over nodes runs in its "
-                           "sandbox only with Open MPI's mpirun")
+        raise RuntimeError(f"the job's launcher {argv[0]} is not Open MPI 4's or 5's mpirun: "
+                           "a job over nodes runs in its sandboxes only with Open MPI's")
     prefix = unshare_argv()
     if prefix is None:
         raise RuntimeError("unshare (util-linux) is not installed")
@@ -445,9 +446,9 @@ def wrap_over_nodes(job_dir: Path, argv: list[str], env: dict[str, str], hide: I
     config = {"socket": str(Path(job_dir).resolve() / "remote-start.sock"), "agent": agent,
               "nodes": remote, "plans": plans,
               "sandbox": [*prefix, sys.executable, "-I", "-S", str(INIT)]}
-    (ro / "remote-start.json").write_text(json.dumps(config))
+    (ro / REMOTE_CONFIG).write_text(json.dumps(config))
     local = wrap(job_dir, launch, env, hide, keep, limits)
-    return [sys.executable, "-I", "-S", str(REMOTE_START), "serve", str(ro / "remote-start.json"),
+    return [sys.executable, "-I", "-S", str(REMOTE_START), "serve", str(ro / REMOTE_CONFIG),
             "--", *local]
 
 
