@@ -223,8 +223,9 @@ def _span_sandboxed(bench, rig: simhosts.SimHosts, *args: str, per_node: int = 1
     launcher = shlex.join([program, *rig.mpi_options(program)])
     return bench.pytester.run(*rig.command("h1", [
         sys.executable, "-m", "pytest", "suites", "-p", "no:cacheprovider", "--platform=cpu",
-        f"--commbench-launcher={launcher}", f"--commbench-hostfile={rig.hostfile}",
-        f"--commbench-ranks-per-node={per_node}", *args]), timeout=240)
+        f"--commbench-launcher={launcher}", f"--commbench-ranks-per-node={per_node}",
+        *([] if any(a.startswith("--commbench-hostfile") for a in args) else
+          [f"--commbench-hostfile={rig.hostfile}"]), *args]), timeout=240)
 
 
 def test_an_item_with_a_rank_on_each_host_passes_and_its_record_names_them(bench, sim_hosts):
@@ -244,13 +245,18 @@ def test_an_item_with_a_rank_on_each_host_passes_and_its_record_names_them(bench
     assert _quiet(sim_hosts) == []
 
 
+@pytest.mark.parametrize("sandboxed", [False, True], ids=["unsandboxed", "sandboxed"])
 def test_ranks_that_land_elsewhere_than_asked_are_an_infra_error_saying_where(bench,
-                                                                              sim_hosts):
+                                                                              sim_hosts,
+                                                                              sandboxed):
     bench.add_task("p2p/pingpong", ranks=2)
     # the first host by its name and by its address: two nodes to the placement, one to MPI
     mixed = sim_hosts.dir / "mixed-hostfile"
     mixed.write_text(f"h1\n{sim_hosts.address['h1']}\n")
-    _span(bench, sim_hosts, hostfile=mixed)
+    if sandboxed:  # the controller on h1: the broker waits for a node mpirun never starts
+        _span_sandboxed(bench, sim_hosts, f"--commbench-hostfile={mixed}")
+    else:  # the controller off the hosts, its launcher on h1
+        _span(bench, sim_hosts, hostfile=mixed)
     (record,) = bench.records()
     assert record["verdict"] == "infra_error"
     assert record["message"] == (
