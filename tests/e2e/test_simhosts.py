@@ -534,12 +534,14 @@ def test_a_rank_on_the_second_host_reads_nothing_a_job_may_not_see(bench, sim_ho
     assert _quiet(sim_hosts) == []
 
 
-@pytest.mark.parametrize("cheat", ["read_references", "read_other_jobs"])
-def test_the_cheats_that_read_hidden_files_are_rejected_with_a_rank_on_each_host(
+@pytest.mark.parametrize("cheat", ["read_references", "read_other_jobs", "tamper_files_on_disk",
+                                   "kill_launcher"])
+def test_the_cheats_on_hidden_files_and_the_launcher_are_rejected_with_a_rank_on_each_host(
         bench, sim_hosts, cheat):
     import tomllib
 
-    folder = Path(__file__).resolve().parents[2] / "fixtures" / "cheats" / cheat
+    repo = Path(__file__).resolve().parents[2]
+    folder = repo / "fixtures" / "cheats" / cheat
     spec = tomllib.loads((folder / "cheat.toml").read_text())
     bench.add_task(spec["task"], ranks=2)
     result = _span_sandboxed(bench, sim_hosts, f"--commbench-model=dir:{folder}")
@@ -547,6 +549,10 @@ def test_the_cheats_that_read_hidden_files_are_rejected_with_a_rank_on_each_host
     assert record["verdict"] in spec["expect"], (record["verdict"], record["message"],
                                                  result.stdout.str()[-2000:])
     assert record["hosts"] == ["h1", "h2"]
+    # nothing planted where the tampering cheat tries (the package, the references)
+    planted = [p for tree in (repo / "pytest_commbench", bench.root / "references")
+               for p in tree.rglob("*commbench_cheat_proof*")]
+    assert planted == []
     assert _quiet(sim_hosts) == []
 
 
