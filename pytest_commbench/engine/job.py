@@ -9,6 +9,7 @@ import hashlib
 import os
 import re
 import shutil
+import socket
 import time
 from pathlib import Path
 
@@ -152,6 +153,7 @@ def run_job(plan: Plan, artifact: Path, job_dir: Path, timed: bool,
     try:
         began = time.monotonic()
         obs.connect(job)
+        sandbox.ranks_up(job.proc, argv)  # a broker of remote starts starts no more
         connected = time.monotonic()
         misplaced = nodes.misplaced(plan.nodes, obs.hosts) if plan.nodes else None
         if misplaced:  # the launcher's doing, whatever the ranks did since
@@ -243,9 +245,14 @@ def job_argv(plan: Plan, job_dir: Path, job_file: Path, env: dict[str, str], out
             env.pop("NCCL_SOCKET_IFNAME")  # NCCL's choice, or the caller's NCCL_SOCKET_IFNAME
             if os.environ.get("NCCL_SOCKET_IFNAME"):
                 env["NCCL_SOCKET_IFNAME"] = os.environ["NCCL_SOCKET_IFNAME"]
-    if not settings.unsandboxed:
-        argv = sandbox.wrap(job_dir, argv, env, hide=hidden(settings))
-    return argv
+    if settings.unsandboxed:
+        return argv
+    placement = platform.node_placement
+    far = nodes.away(plan.nodes, placement.here if placement and placement.here
+                     else socket.gethostname()) if plan.nodes else []
+    if far:  # a sandbox on each node: mpirun's here, its daemon's on each other node
+        return sandbox.wrap_over_nodes(job_dir, argv, env, hide=hidden(settings), remote=far)
+    return sandbox.wrap(job_dir, argv, env, hide=hidden(settings))
 
 
 def job_observer(plan: Plan, job_dir: Path, timed: bool, trials: bool,
