@@ -133,6 +133,7 @@ class Observer(CaseSchedule):
     def _check(self) -> None:
         """Raise JobEnded when the job ended or ran out of time; read the ranks' sockets."""
         self.rk.read_sockets()
+        self.rk.check()  # (across nodes: an agent that ended, whatever the ranks did)
         if self.job.overdue():
             self.job.timed_out = True
             if self.loaded:

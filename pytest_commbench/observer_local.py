@@ -62,6 +62,9 @@ class LocalRanks:
             except OSError:
                 pass
 
+    def check(self) -> None:
+        """Nothing between the controller and its own node's ranks can break apart."""
+
     def wait(self, timeout: float) -> None:
         """Asleep until a rank rings the doorbell, `timeout` seconds at most."""
         ready, _, _ = select.select([self.bell_r], [], [], timeout)

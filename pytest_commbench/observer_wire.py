@@ -21,6 +21,7 @@ import numpy as np
 from . import jobfiles
 from .checks.base import Trial
 from .rank.protocol import (
+    STEP_ANSWER,
     Rank,
     batch_sets,
     guard_file,
@@ -29,8 +30,7 @@ from .rank.protocol import (
     views,
 )
 
-# the word a rank's harness answers each of the observer's steps with
-ANSWER = {"prep": "ready", "gate": "done", "fetch": "saved"}
+ANSWER = STEP_ANSWER  # the word a rank's harness answers each of the observer's steps with
 
 
 def read_hello(conn: socket.socket) -> tuple[int, str | None] | None:

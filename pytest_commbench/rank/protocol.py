@@ -63,6 +63,8 @@ INFO_AT = 256  # byte offset of the JSON area
 ALIGN = 256
 
 SOCKET = "ctl.sock"
+# the word a rank's harness answers each of the observer's steps with
+STEP_ANSWER = {"prep": "ready", "gate": "done", "fetch": "saved"}
 FEED_BYTES = 1 << 20  # a rank's feed (pipe) capacity asked for; what a batch's inputs may take
 
 # -- the rest of the job's contract, spelled once for both wings -------------------------------
@@ -136,6 +138,9 @@ class JobSpec:
     # (over a network, a sender's last data may still wait in its MPI's queue when its call
     # returns; a rank asleep outside MPI would never send it, and its peer would hang)
     spans_nodes: bool = False
+    # a job over several nodes: the node-local path of the socket this rank's node agent
+    # serves (None: the observer's, in `job_dir`)
+    agent_socket: str | None = None
     # the observer makes calls back to back with holds (the stress phase): a device rank
     # readies its device hold before the solution is loaded
     stress: bool = False

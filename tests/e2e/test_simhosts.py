@@ -201,6 +201,10 @@ def test_a_rig_whose_maker_is_killed_goes_with_it(tmp_path):
 
 def _span(bench, rig: simhosts.SimHosts, *args: str, hostfile: Path | None = None):
     launcher = shlex.join([str(rig.launcher()), *rig.mpi_options()])
+    # the controller's port for the node agents, made on h1 (the controller is outside
+    # the rig's network, as a login node may be outside a cluster's)
+    for name, value in rig.controller_env().items():
+        bench.pytester._monkeypatch.setenv(name, value)
     return bench.pytester.runpytest_subprocess(
         "suites", "-p", "no:cacheprovider", "--platform=cpu", "--commbench-unsandboxed",
         f"--commbench-launcher={launcher}", f"--commbench-hostfile={hostfile or rig.hostfile}",
@@ -214,6 +218,9 @@ def test_an_item_with_a_rank_on_each_host_passes_and_its_record_names_them(bench
     (record,) = bench.records()
     assert record["verdict"] == "pass", record["message"]
     assert record["hosts"] == ["h1", "h2"]
+    # through a node agent on each host, each one's clock measured (one kernel: the same)
+    assert set(record["clock_skew_us"]) == {"h1", "h2"}, record
+    assert all(0 <= v < 1e6 for v in record["clock_skew_us"].values())
     assert _quiet(sim_hosts) == []
     # its mutants are rejected across the hosts as on one
     result = _span(bench, sim_hosts, "--commbench-model=mutants")
