@@ -169,11 +169,12 @@ class Agent:
                         return why
             if self.server is not None and self.server in ready:
                 self.accept()
-            for conn in [c for c in self.pending if c in ready]:
+            greeted = [c for c in self.pending if c in ready]
+            for conn in greeted:
                 self.pending.remove(conn)
                 self.greet(conn)
             for number, rank in list(self.ranks.items()):
-                if number not in self.gone and rank.conn in ready:
+                if number not in self.gone and rank.conn in ready and rank.conn not in greeted:
                     self.listen(number, rank)
             if self.bell_r in ready:
                 try:
@@ -224,6 +225,8 @@ class Agent:
         """What a rank said on its socket: "loading" and "raised" go to the controller."""
         try:
             data = rank.conn.recv(1, socket.MSG_PEEK)
+        except (BlockingIOError, InterruptedError):
+            return  # nothing yet
         except OSError:
             data = b""
         if not data:
