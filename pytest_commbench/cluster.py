@@ -27,6 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
+from . import nodes
 from .checks.base import Trial
 from .observer_call import Call, JobEnded
 from .observer_checks import spot_check
@@ -222,6 +223,13 @@ class RemoteRanks:
             if ready:
                 self._admit()
         self.server.close()
+        # where the agents landed is where the launcher puts the ranks: a node named twice
+        # (a name and an address of one host) is one node to the launcher
+        landed = [self.agents[self.node_of[r]].host or None for r in range(self.world)]
+        wrong = nodes.misplaced(self.layout, landed)
+        if wrong:
+            self.hosts[:] = landed
+            raise JobEnded(Verdict.INFRA_ERROR, wrong)
         for link in self.agents.values():
             self._sync(link)
         self._beats = threading.Thread(target=self._beat, name="commbench-agents",
@@ -326,7 +334,7 @@ class RemoteRanks:
             number = int(h.get("rank", -1))
         except (TypeError, ValueError):
             return
-        if kind != "STRAY" and not (0 <= number < self.world
+        if kind not in ("STRAY", "ERROR") and not (0 <= number < self.world
                                     and self.node_of[number] == link.node):
             return  # an agent speaks for its own node's ranks only
         if kind == "RANK_UP":
@@ -361,6 +369,8 @@ class RemoteRanks:
                 f"before the observer asked for {h.get('step')} {h.get('k')}: the solution "
                 "wrote its harness's word (a completion the harness did not see is no "
                 "completion)")
+        elif kind == "ERROR":
+            self._lost(link, str(h.get("why", "it failed")))
         elif kind == "STRAY":
             self.stray.append((number, str(h.get("host"))))
 

