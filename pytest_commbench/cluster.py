@@ -323,7 +323,8 @@ class RemoteRanks:
                 self._heard(link, kind, header, payload)
         for link in self.agents.values():
             if not link.ch.closed and link.ch.silent():
-                self._lost(link, f"silent for {wire.HEARTBEAT_S * wire.SILENCE_BEATS:g} s")
+                self._lost(link, "nothing heard from it for "
+                                 f"{wire.HEARTBEAT_S * wire.SILENCE_BEATS:g} s")
         if self.agent_job is not None and not self.agent_job.alive() and self.broken is None \
                 and not self._stop.is_set():
             self.broken = "the node agents' launch step ended"

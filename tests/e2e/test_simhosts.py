@@ -288,8 +288,14 @@ def _agents_on(rig: simhosts.SimHosts, host: str) -> list[int]:
     return found
 
 
+@pytest.mark.parametrize("sig, why", [(signal.SIGKILL, "closed the connection"),
+                                      (signal.SIGSTOP, "nothing heard from it")],
+                         ids=["killed", "silent"])
 def test_a_killed_agent_ends_the_item_as_infra_error_and_leaves_nothing(bench, sim_hosts,
-                                                                         tmp_path):
+                                                                         tmp_path, sig, why):
+    """The agent on h2 killed, or stopped (silent past the heartbeats' bound), while the
+    ranks are in a call: the item is an infra_error saying so (whatever the ranks did), in
+    its retry too, and nothing is left on either host."""
     bench.add_task("p2p/pingpong", ranks=2)
     answers = tmp_path / "answers"
     (answers / "p2p" / "pingpong").mkdir(parents=True)
@@ -312,7 +318,7 @@ def test_a_killed_agent_ends_the_item_as_infra_error_and_leaves_nothing(bench, s
             if any("case" in p.read_text(errors="replace")
                    for p in bench.root.glob("runs/*/work/**/out/status_r1.json")):
                 for pid in set(_agents_on(sim_hosts, "h2")) - killed:
-                    os.kill(pid, signal.SIGKILL)
+                    os.kill(pid, sig)
                     killed.add(pid)
             time.sleep(0.05)
         assert killed, "no agent was seen on h2"
@@ -325,6 +331,7 @@ def test_a_killed_agent_ends_the_item_as_infra_error_and_leaves_nothing(bench, s
     assert record is not None, out.decode(errors="replace")[-3000:]
     assert record["verdict"] == "infra_error", record
     assert record["message"].startswith("the agent on node h2 ended"), record["message"]
+    assert why in record["message"]
     assert _quiet(sim_hosts) == []
 
 

@@ -221,3 +221,12 @@ def test_the_clock_offset_is_that_of_the_shortest_round_trip():
     samples = [(0.0, 105.0, 10.0), (20.0, 120.6, 21.0), (30.0, 140.0, 50.0)]
     offset, uncertainty = wire.best_offset(samples)
     assert offset == pytest.approx(120.6 - 20.5) and uncertainty == pytest.approx(0.5)
+
+
+def test_the_job_s_key_never_reaches_the_ranks_environment(monkeypatch):
+    """The agent step's environment carries the key; the ranks' (`launch.mpi_env`, which
+    every rank step starts from) drops every COMMBENCH_ variable."""
+    from pytest_commbench.launch import mpi_env
+
+    monkeypatch.setenv(wire.KEY_ENV, KEY.hex())
+    assert wire.KEY_ENV not in mpi_env()
