@@ -231,7 +231,11 @@ class RemoteRanks:
             self.hosts[:] = landed
             raise JobEnded(Verdict.INFRA_ERROR, wrong)
         for link in self.agents.values():
-            self._sync(link)
+            try:
+                self._sync(link)
+            except wire.WireError as exc:
+                raise JobEnded(Verdict.INFRA_ERROR, f"the agent on node "
+                               f"{self.nodes[link.node]} ended ({exc})") from None
         self._beats = threading.Thread(target=self._beat, name="commbench-agents",
                                        daemon=True)
         self._beats.start()
@@ -265,6 +269,9 @@ class RemoteRanks:
             link.ch.send("SYNC", {"t0": t0})
             kind, header, _ = link.ch.recv(wire.HEARTBEAT_S * wire.SILENCE_BEATS)
             t1 = time.monotonic()
+            if kind == "ERROR":
+                raise JobEnded(Verdict.INFRA_ERROR, f"the agent on node "
+                               f"{self.nodes[link.node]} ended ({header.get('why')})")
             if kind != "SYNC_REPLY" or header.get("t0") != t0:
                 raise JobEnded(Verdict.INFRA_ERROR,
                                f"{link.ch.peer} answered SYNC with {kind}")

@@ -19,9 +19,10 @@ harness's or the machine's (`infra_error`); after it, the solution's.
 
 Its parts, each in a module of its own: the wire protocol with the ranks (`observer_wire`),
 the checks of a call's outputs (`observer_checks`), the timing policy of a case
-(`observer_schedule`) and the phase statistics of a job's calls (`observer_phases`). Here:
-the job's lifetime (the ranks' connections, the liveness checks, what decides blame) and the
-call loop.
+(`observer_schedule`) and the phase statistics of a job's calls (`observer_phases`); what
+touches the ranks' memory and takes their times, `observer_local.LocalRanks` (this node's
+ranks) or `cluster.RemoteRanks` (a job over several nodes, through a node agent on each).
+Here: the job's lifetime (the liveness checks, what decides blame) and the call loop.
 """
 
 

@@ -393,3 +393,21 @@ def test_a_connection_without_the_job_s_key_is_refused(sim_hosts, tmp_path, monk
     assert out.decode().strip().endswith("CLOSED"), out.decode()
     assert hub.agents == {}
     assert _quiet(sim_hosts) == []
+
+
+@pytest.mark.parametrize("cheat", ["early_done_thread", "frame_gc_introspection",
+                                   "crash_controller_memfd", "forge_timing_files"])
+def test_cheats_are_caught_through_the_agents_as_on_one_node(bench, sim_hosts, cheat):
+    """Cheats that race the observer (an early "done", the harness's own word written, a
+    segment truncated, forged status files) with a rank on each host: the agents catch them
+    as the observer does on one node (the verdict the cheat's folder expects)."""
+    import tomllib
+
+    folder = Path(__file__).parents[2] / "fixtures" / "cheats" / cheat
+    spec = tomllib.loads((folder / "cheat.toml").read_text())
+    bench.add_task(spec["task"], ranks=2)
+    _span(bench, sim_hosts, f"--commbench-model=dir:{folder}")
+    (record,) = bench.records()
+    assert record["verdict"] in spec["expect"], (record["verdict"], record["message"])
+    assert record["hosts"] == ["h1", "h2"] and set(record["clock_skew_us"]) == {"h1", "h2"}
+    assert _quiet(sim_hosts) == []
