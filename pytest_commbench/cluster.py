@@ -315,6 +315,8 @@ class RemoteRanks:
             ready, _, _ = select.select(list(socks), [], [], 0)
         except (OSError, ValueError):
             ready = []
+        # frames already read (along with the last clock exchange's) come first
+        ready = list(ready) + [s for s, link in socks.items() if link.ch.backlog and s not in ready]
         got = 0
         for sock in ready:
             link = socks[sock]

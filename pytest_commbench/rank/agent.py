@@ -61,8 +61,13 @@ def peer_pid(conn: socket.socket) -> int:
 
 
 def start_time(pid: int) -> str | None:
-    """The process's start time (/proc/PID/stat field 22): a pid reused later differs."""
+    """The process's start time (/proc/PID/stat field 22): a pid reused later differs. None
+    where the process is no rank harness (its command line does not run `commbench_rank`):
+    such a process is never signalled."""
     try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            if b"commbench_rank" not in f.read():
+                return None
         with open(f"/proc/{pid}/stat", "rb") as f:
             stat = f.read().decode(errors="replace")
         return stat[stat.rfind(")") + 2:].split()[19]
@@ -153,6 +158,11 @@ class Agent:
     # -- the loop --------------------------------------------------------------------------
     def run(self) -> str:
         """Serve until the controller says STOP or is gone; returns why it ended."""
+        for kind, header, payload in self.ch.backlog:  # read along with the WELCOME
+            why = self.handle(kind, header, payload)
+            if why:
+                return why
+        self.ch.backlog = []
         while True:
             reads = [self.ch.sock, self.bell_r, *self.pending,
                      *(r.conn for n, r in self.ranks.items() if n not in self.gone)]

@@ -168,6 +168,8 @@ class Channel:
         """The frames whole after one read of what is there (non-blocking socket, or one
         that select said is readable); WireError where the connection closed."""
         ahead, self.backlog = self.backlog, []
+        if ahead:  # (what was read ahead is given first; the socket may hold nothing more)
+            return ahead
         try:
             data = self.sock.recv(most)
         except (BlockingIOError, InterruptedError):
