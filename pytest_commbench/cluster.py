@@ -34,9 +34,10 @@ from .observer_checks import spot_check
 from .observer_phases import Timing
 from .observer_wire import call_info, input_arrays
 from .rank import wire
-from .rank.protocol import SOCKET, WORDS, views
+from .rank.protocol import SOCKET, STEP_ANSWER, WORDS, views
 from .verdicts import Verdict
 
+ASKED = {answer: step for step, answer in STEP_ANSWER.items()}  # "done" answers "gate", ...
 SYNC_ROUNDS = 32  # clock exchanges per agent; the one with the shortest round trip counts
 SEND_S = 30.0  # a send an agent does not take in this long: the agent is gone
 AGENT_FILE = "agent.json"  # in the job's ro/: what the agents are told
@@ -446,7 +447,10 @@ class RemoteRanks:
         self.send(self.node_of[i], "SET", {"rank": i, "word": step, "value": k, "step": True})
 
     def _has(self, i: int, word: str, k: int) -> bool:
-        return self.ranks[i].ctl.get(word) >= k
+        """Whether rank i's answer `word` reached k after its agent set the step it answers
+        (an answer there before its step is the solution's, which the agent reports as
+        FORGED instead of setting the step)."""
+        return self.ranks[i].ctl.get(word) >= k and (i, ASKED[word], k) in self.stamps
 
     def _t(self, i: int, word: str, k: int) -> float:
         """When rank i's `word` reached k, on its agent's clock."""
@@ -501,6 +505,7 @@ class RemoteRanks:
                               for i in range(n))
             if c.check:
                 self._collect(k)
+        self.check()  # what the agents found (a forged word) before any output is judged
         self._times(c)
         if c.check and not self.staged and not c.own:
             return self._spot_checks(c, wants, slacks)

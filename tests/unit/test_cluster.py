@@ -177,10 +177,13 @@ def test_outputs_a_peer_completes_later_are_wrong_through_an_agent(tmp_path, mon
 def test_a_word_the_solution_writes_for_its_harness_is_forbidden_through_an_agent(
         tmp_path, monkeypatch):
     op, case = _case(2)
-    posts = Posts()
     with through_agent(tmp_path, 2, op, False, monkeypatch, "job-forged") as (obs, _agent):
-        with ranks(obs, case, False, lambda rank: _allreduce("honest", rank, 2, posts),
-                   forge=1) as links:
+        def alone(rank):  # (no peer to wait for: rank 1's gate never opens)
+            def solution(ctx, sendbuf, recvbuf):
+                recvbuf[...] = sendbuf
+            return solution
+
+        with ranks(obs, case, False, alone, forge=1) as links:
             try:
                 with pytest.raises(JobEnded) as ended:
                     obs.run_case(case)
