@@ -21,7 +21,7 @@ from ..settings import Settings
 from ..tasks import Task
 from ..verdicts import Rejected, Verdict
 from .job import compile_jail, run_job
-from .measure import OUTPUT_IN_RECORD, figures, measure, trust
+from .measure import OUTPUT_IN_RECORD, blurred_by_skew, figures, measure, trust
 from .plan import InfraError, JobRunner, Plan
 from .result import ItemResult
 from .tidy import tidy
@@ -161,3 +161,5 @@ def _run(task: Task, world: int, reply: Reply, kind: str, platform: Platform,
         shared = platform.shared(world)
         result.speedup_ci90, result.timing_trust = trust(result.sizes, result.speedup,
                                                          measured, shared)
+        if result.timing_trust == "ok" and blurred_by_skew(result.sizes, result.clock_skew_us):
+            result.timing_trust = "noisy"

@@ -250,3 +250,13 @@ def test_the_hub_refuses_a_second_agent_for_a_node(tmp_path, monkeypatch):
         hub.close()
     assert isinstance(got[0], dict) and isinstance(got[1], wire.WireError), got
     assert list(hub.agents) == [0]
+
+
+def test_a_call_not_much_longer_than_the_clocks_uncertainty_is_noisy():
+    from pytest_commbench.engine.measure import SKEW_FACTOR, blurred_by_skew
+
+    sizes = [SimpleNamespace(t_ref_us=500.0, t_sol_us=800.0),
+             SimpleNamespace(t_ref_us=50_000.0, t_sol_us=40_000.0)]
+    assert blurred_by_skew(sizes, {"h1": 500.0 / SKEW_FACTOR + 1, "h2": 3.0})
+    assert not blurred_by_skew(sizes, {"h1": 500.0 / SKEW_FACTOR - 1, "h2": 3.0})
+    assert not blurred_by_skew(sizes, None) and not blurred_by_skew(sizes, {})
