@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -73,8 +74,10 @@ def through_agent(tmp_path: Path, world: int, op, staged: bool, monkeypatch, nam
             agent.kill()
             agent.wait()
         agent.stderr.close()
+        folder = Path(cluster.agent_socket(job_name)).parent
         if agent.returncode == 0:  # an agent that stopped removed its socket and folder
-            assert not Path(cluster.agent_socket(job_name)).parent.exists()
+            assert not folder.exists()
+        shutil.rmtree(folder, ignore_errors=True)  # (a killed one could not)
 
 
 @contextlib.contextmanager
