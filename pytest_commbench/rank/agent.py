@@ -367,6 +367,8 @@ def main(argv: list[str]) -> int:
         sys.stderr.write(f"[commbench agent] cannot start: {exc}\n")
         return 2
     agent = Agent(spec, key, node)
+    # the launcher ends its step with SIGTERM first: the ranks and the node's socket go too
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     why = "?"
     try:
         agent.connect()  # first: the controller learns where this agent landed, whatever
