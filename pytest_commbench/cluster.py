@@ -55,10 +55,14 @@ def job_name(job_dir: Path) -> str:
     return f"{job_dir.name[:40]}-{os.urandom(6).hex()}"
 
 
-def agent_socket(name: str) -> str:
-    """The node-local path of the socket a job's agent serves its node's ranks on (its
-    folder made by the agent, on each node alike)."""
-    return f"/tmp/commbench-agent-{name}/{SOCKET}"
+def agent_socket(job_dir: Path | str) -> str:
+    """Where a job's agent serves its node's ranks: a socket in a folder of the job's own
+    folder named by the node's short host name (`{host}`, filled in by the agent and by each
+    rank alike: `protocol.on_this_host`). In the job's folder, each node's sandbox has it
+    in view as it has the rest of the job; a socket is an object of the kernel that made it,
+    so a rank reaches only its own node's agent (one kernel, as on simulated hosts: the agent
+    refuses a rank of another node)."""
+    return f"{Path(job_dir).resolve()}/agents/{{host}}/{SOCKET}"
 
 
 class Mirror:
@@ -195,7 +199,7 @@ class RemoteRanks:
         """What every agent is told (AGENT_FILE): the controller's address, the job's name,
         each node's ranks, the node-local path of the socket its ranks connect to."""
         return {"job": self.name, "address": self.address, "port": self.port,
-                "socket": agent_socket(self.name),
+                "socket": agent_socket(self.job_dir),
                 "nodes": [{"host": n, "ranks": [r for r in range(self.world)
                                                 if self.layout[r] == n]} for n in self.nodes]}
 

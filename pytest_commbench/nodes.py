@@ -22,7 +22,9 @@ was asked, and a job whose ranks landed elsewhere is the machine's failure (`inf
 its message saying where they landed.
 
 Only mpirun is exercised here (on simulated hosts, `simhosts.py`); srun and flux run are
-built as their manuals describe and untested against a real Slurm or Flux.
+built as their manuals describe and untested against a real Slurm or Flux. A sandboxed job
+goes to other nodes with mpirun only (a sandbox per node: `sandbox.wrap_over_nodes`); with
+srun or flux run such an item is skipped saying so.
 """
 
 from __future__ import annotations
@@ -277,7 +279,7 @@ class Placement:
     source: str = ""  # where the nodes came from, for messages
     here: str = ""  # the controller's hostname
     per_node_said: int | None = None  # what the allocation says every node takes alike
-    sandboxed: bool = True  # jobs run in their sandbox (none spans nodes yet)
+    sandboxed: bool = True  # jobs run in their sandboxes (with mpirun, one per node)
 
     def __post_init__(self) -> None:
         if not self.nodes:
@@ -322,14 +324,20 @@ class Placement:
             nodes = self.layout(world, span)
         except PlacementError as exc:
             return str(exc)
-        here = short(self.here)
-        away = [n for n in dict.fromkeys(nodes)
-                if short(n) not in (here, "localhost", "127.0.0.1", "::1")]
-        if self.sandboxed and away:
-            return (f"its ranks would run on {', '.join(away)}, not on this host ({self.here}): "
-                    "a job runs on other nodes only without its sandbox for now "
-                    "(--commbench-unsandboxed; docs/cluster-design.md)")
+        far = away(nodes, self.here)
+        if self.sandboxed and far and self.launcher.kind != "mpirun":
+            return (f"its ranks would run on {', '.join(far)}, not on this host ({self.here}): "
+                    f"a job on other nodes runs in its sandboxes with mpirun only for now, not "
+                    f"with {self.launcher.kind} (--commbench-unsandboxed; "
+                    "docs/cluster-design.md)")
         return None
+
+
+def away(layout: Sequence[str], here: str) -> list[str]:
+    """The nodes of `layout` other than this host (`here`), in order."""
+    mine = short(here)
+    return [n for n in dict.fromkeys(layout)
+            if short(n) not in (mine, "localhost", "127.0.0.1", "::1")]
 
 
 def short(name: str) -> str:

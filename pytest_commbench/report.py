@@ -124,9 +124,13 @@ def _cand(r: ResultLine) -> str:
     return f" {r.item.candidate}" if r.item.candidate else ""
 
 
-def _score_rows(groups) -> list[list[str]]:
-    return [[name, s.applicable, s.passes, _pct(s.pass_rate), _pct(s.pass_good),
-             _num(s.gm_speedup), _num(s.pass_x_gm)] for name, s in groups]
+def _score_rows(groups, readable: bool | None = True) -> list[list[str]]:
+    """A breakdown's rows; the speedup scores left out ("-") where the headline leaves them
+    out (every passing item timed on a contended host)."""
+    def speed(text: str) -> str:
+        return text if readable is not False else "-"
+    return [[name, s.applicable, s.passes, _pct(s.pass_rate), speed(_pct(s.pass_good)),
+             speed(_num(s.gm_speedup)), speed(_num(s.pass_x_gm))] for name, s in groups]
 
 
 def agent_lines(records: Records) -> list[str]:
@@ -328,7 +332,8 @@ def render(records: Records, write_line: WriteLine, write_sep: WriteSep,
         headers = ["", "tasks", "pass", "Pass Rate", "PASS+Good", "GM-Speedup", "Pass x GM"]
         for key in ("difficulty", "category", "library"):
             write_line("")
-            table = tabulate(_score_rows(breakdown(solutions, key)), headers=[key] + headers[1:])
+            table = tabulate(_score_rows(breakdown(solutions, key), readable),
+                             headers=[key] + headers[1:])
             for line in table.splitlines():
                 write_line(line)
     if mutants:

@@ -10,7 +10,9 @@ environment (`python_roots()`), the trees a job's libraries need (`keep`, by def
 names (the package, the references, the runs and scratch roots with every other item's and
 job's files, the project tree) is subtracted where it lies inside a kept tree. `probe()`
 says once per process whether namespaces work here; where they do not, an item is
-`infra_error` with the reason unless the user passed `--commbench-unsandboxed`.
+`infra_error` with the reason unless the user passed `--commbench-unsandboxed`. A job whose
+ranks run on other nodes has one sandbox per node (`wrap_over_nodes`: mpirun's here, its
+daemon's on each other node, started outside by `remote_start.py`'s broker).
 
 A job's limits travel in its plan (`default_limits`, any of them changed by `plan`'s
 `limits`): `pids_max` processes and threads for the whole job (a pids cgroup of its own
@@ -31,6 +33,7 @@ import os
 import re
 import secrets
 import shutil
+import signal
 import subprocess
 import sys
 import sysconfig
@@ -40,6 +43,7 @@ from typing import Any
 
 from .launch import drained, find_mpiexec
 from .rank.protocol import LIMIT_EXIT, SANDBOX_FAILED
+from .remote_start import CONFIG as REMOTE_CONFIG
 
 INIT = Path(__file__).with_name("sandbox_init.py")
 # sandbox_init's exit codes (its own copies; rank/protocol.py spells them for the controller)
@@ -359,6 +363,101 @@ def wrap(job_dir: Path, argv: list[str], env: dict[str, str], hide: Iterable[Pat
         raise RuntimeError("unshare (util-linux) is not installed")
     spec = plan(job_dir, argv, env, hide, keep, limits, also_keep)
     return [*prefix, sys.executable, "-I", "-S", str(INIT), json.dumps(spec)]
+
+
+REMOTE_START = Path(__file__).with_name("remote_start.py")
+#: how Open MPI's launchers take their remote-start agent and their no-tree-spawn switch:
+#: Open MPI 4 (ORTE) as `--mca plm_rsh_*`, Open MPI 5 (PRRTE) as `--prtemca plm_ssh_*` (PRRTE
+#: ignores `plm_rsh_agent`); each also from its environment
+AGENT_PARAMS = {4: ("--mca", "plm_rsh_agent", "plm_rsh_no_tree_spawn", "OMPI_MCA_"),
+                5: ("--prtemca", "plm_ssh_agent", "plm_ssh_no_tree_spawn", "PRTE_MCA_")}
+MCA_FLAGS = ("--mca", "-mca", "--prtemca", "-prtemca", "--gmca", "-gmca")
+
+
+@functools.lru_cache(maxsize=8)
+def open_mpi_major(program: str) -> int | None:
+    from .simhosts import open_mpi_major as major
+
+    return major(program)
+
+
+def remote_agent(argv: list[str], env: Mapping[str, str], major: int) -> tuple[list[str],
+                                                                               list[str]]:
+    """(the launcher's command without its remote-start agent, that agent's command): the
+    one its options name (the last), else its environment's, else ssh."""
+    names = {AGENT_PARAMS[major][1], "plm_rsh_agent", "plm_ssh_agent", "orte_rsh_agent",
+             "pls_rsh_agent"}
+    ours = {"plm", "plm_rsh_no_tree_spawn", "plm_ssh_no_tree_spawn",  # set again by the caller
+            "orte_leave_session_attached"}
+    kept, agent = [argv[0]], None
+    i = 1
+    while i < len(argv):
+        if argv[i] in MCA_FLAGS and i + 2 < len(argv) and argv[i + 1] in names | ours:
+            if argv[i + 1] in names:
+                agent = argv[i + 2]
+            i += 3
+            continue
+        kept.append(argv[i])
+        i += 1
+    if agent is None:
+        agent = next((env[k] for k in (f"{AGENT_PARAMS[major][3]}{AGENT_PARAMS[major][1]}",
+                                       "OMPI_MCA_plm_rsh_agent") if env.get(k)), "ssh")
+    # Open MPI's own reading: words split at blanks; "ssh : rsh" tries each in turn
+    agent = agent.split(":")[0].strip() or "ssh"
+    return kept, agent.split()
+
+
+def wrap_over_nodes(job_dir: Path, argv: list[str], env: dict[str, str], hide: Iterable[Path],
+                    remote: Iterable[str], keep: Iterable[Path | str] | None = None,
+                    limits: Mapping[str, Any] | None = None) -> list[str]:
+    """The command that runs a job whose ranks span nodes in one sandbox per node: `argv`
+    (Open MPI's mpirun) inside the sandbox of this node, its daemon on each node of `remote`
+    inside a sandbox of that node, started outside by `remote_start.py`'s broker with the
+    remote-start agent the launcher was given (see that file). Every node's sandbox has the
+    same view (`plan`'s, from the same `hide` and `keep`) and limits of its own."""
+    major = open_mpi_major(argv[0])
+    if major not in AGENT_PARAMS:
+        raise RuntimeError(f"the job's launcher {argv[0]} is not Open MPI 4's or 5's mpirun: "
+                           "a job over nodes runs in its sandboxes only with Open MPI's")
+    prefix = unshare_argv()
+    if prefix is None:
+        raise RuntimeError("unshare (util-linux) is not installed")
+    remote = list(dict.fromkeys(remote))
+    ro = Path(job_dir) / "ro"
+    client = ro / REMOTE_START.name
+    shutil.copyfile(REMOTE_START, client)
+    words = [sys.executable, "-I", "-S", str(client), "start"]
+    if any(not w or any(c.isspace() for c in w) for w in words):
+        raise RuntimeError(f"the remote-start agent's command has a blank in a path: {words}")
+    kept, agent = remote_agent(argv, env, major)
+    flag, agent_param, tree_param, _ = AGENT_PARAMS[major]
+    launch = [kept[0], flag, "plm", "rsh" if major == 4 else "ssh", flag, agent_param,
+              " ".join(words), flag, tree_param, "1"]
+    if major == 4:  # ORTE daemonizes its remote daemons: one must stay in its sandbox
+        launch += ["--mca", "orte_leave_session_attached", "1"]
+    launch += kept[1:]
+    plans = {}
+    for i, node in enumerate(remote):
+        spec = plan(job_dir, ["/bin/false"], env, hide, keep, limits)
+        spec["lifeline"] = "stdin"
+        path = ro / f"sandbox-{i}.json"
+        path.write_text(json.dumps(spec))
+        plans[node] = str(path)
+    config = {"socket": str(Path(job_dir).resolve() / "remote-start.sock"), "agent": agent,
+              "nodes": remote, "plans": plans,
+              "sandbox": [*prefix, sys.executable, "-I", "-S", str(INIT)]}
+    (ro / REMOTE_CONFIG).write_text(json.dumps(config))
+    local = wrap(job_dir, launch, env, hide, keep, limits)
+    return [sys.executable, "-I", "-S", str(REMOTE_START), "serve", str(ro / REMOTE_CONFIG),
+            "--", *local]
+
+
+def ranks_up(proc: subprocess.Popen, argv: list[str]) -> None:
+    """Every rank of the job `proc` runs (`argv`, its command): where it is a broker of
+    remote starts (`wrap_over_nodes`), it closes its socket now, whatever node its launcher
+    did not ask for (one the launcher took for its own)."""
+    if argv[3:5] == [str(REMOTE_START), "serve"] and proc.poll() is None:
+        proc.send_signal(signal.SIGUSR1)
 
 
 @functools.lru_cache(maxsize=1)

@@ -71,6 +71,7 @@ import json
 import os
 import re
 import resource
+import select
 import signal
 import stat
 import sys
@@ -582,6 +583,16 @@ class Watch:
         return None
 
 
+def cut(fd: int) -> bool:
+    """Whether the lifeline `fd` is closed at its other end (what is written on it is
+    read and ignored)."""
+    try:
+        ready, _, _ = select.select([fd], [], [], 0)
+        return bool(ready) and not os.read(fd, 4096)
+    except OSError:
+        return True
+
+
 def kill_all() -> None:
     """End every other process of this PID namespace and reap them all."""
     try:
@@ -597,8 +608,42 @@ def kill_all() -> None:
             continue
 
 
+PLAN_BYTES = 1 << 20  # a plan read from a file is at most this large
+
+
+def read_plan(args: list[str]) -> dict:
+    """The plan from this program's arguments: `PLAN` (the JSON itself) or `@FILE` (a file
+    holding it: a node's plan in the job's read-only folder, which the sandboxed part of the
+    job cannot change), then optionally `-- ARGV...`, the launcher to run instead of the
+    plan's (the daemon a launcher's remote start asked for on this node)."""
+    if not args:
+        raise SetupError("no plan given")
+    text = args[0]
+    if text.startswith("@"):
+        fd = os.open(text[1:], os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise SetupError(f"the plan {text[1:]} is not a file")
+            data = os.read(fd, PLAN_BYTES + 1)
+        finally:
+            os.close(fd)
+        if len(data) > PLAN_BYTES:
+            raise SetupError(f"the plan {text[1:]} is too large")
+        text = data.decode()
+    plan = json.loads(text)
+    if len(args) > 1:
+        if args[1] != "--" or len(args) < 3:
+            raise SetupError("usage: sandbox_init.py PLAN|@FILE [-- ARGV...]")
+        plan["argv"] = args[2:]
+    return plan
+
+
 def main() -> int:
-    plan = json.loads(sys.argv[1])
+    try:
+        plan = read_plan(sys.argv[1:])
+    except (SetupError, OSError, ValueError) as exc:
+        sys.stderr.write(f"[commbench sandbox] set-up failed: {exc}\n")
+        return SETUP_FAILED
     limits = plan.get("limits") or {}
     group = make_cgroup(limits)
     try:
@@ -619,6 +664,9 @@ def run(plan: dict, limits: dict, group: PidsCgroup | None) -> int:
     # RLIMIT_NPROC counts the job alone where the kernel counts it per user namespace, and
     # binds nobody when the host's uid is root's
     nproc = kernel_at_least(NPROC_PER_NAMESPACE)
+    # a sandbox started on another node by the launcher's remote start lives while its
+    # standard input is open (the broker's end on the launcher's node, as ssh's session)
+    lifeline = plan.get("lifeline") == "stdin"
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGCHLD})
     go_r, go_w = os.pipe()
     pid = os.fork()
@@ -636,6 +684,10 @@ def run(plan: dict, limits: dict, group: PidsCgroup | None) -> int:
             # `unshare` outside (kill(0, ...) from the launcher's group would reach it), so
             # `unshare` dying of a signal the controller did not send is evidence from outside
             os.setsid()
+            if lifeline:  # the job's standard input is not the lifeline's
+                null = os.open("/dev/null", os.O_RDONLY)
+                os.dup2(null, 0)
+                os.close(null)
             signal.pthread_sigmask(signal.SIG_SETMASK, set())
             os.execvpe(plan["argv"][0], plan["argv"], plan["env"])
         except BaseException as exc:  # noqa: BLE001 - report and leave
@@ -675,6 +727,12 @@ def run(plan: dict, limits: dict, group: PidsCgroup | None) -> int:
                 break
         if status is not None:
             break
+        if lifeline and cut(0):
+            sys.stderr.write("[commbench sandbox] the job's launcher is gone: the sandbox "
+                             "ends\n")
+            sys.stderr.flush()
+            kill_all()
+            return 128 + signal.SIGKILL
         why = watch.check()
         if why:
             sys.stderr.write(f"\n[commbench sandbox] stopped the job: {why}\n")

@@ -634,11 +634,10 @@ def _host(config_path: str, name: str) -> int:  # pragma: no cover - inside the 
 
 USAGE = """usage: python -m pytest_commbench.simhosts run [--shared DIR]... -- COMMAND...
 
-Runs COMMAND with two simulated hosts up (h1, h2), the current folder and each DIR shared
-between them, and removes them afterwards. COMMAND gets the variables a benchmark run reads:
-COMMBENCH_LAUNCHER (an mpirun that runs on h1, with the rig's ssh agent and TCP on its
-pair), COMMBENCH_HOSTFILE, COMMBENCH_UNSANDBOXED=1 (jobs on other nodes run without their
-sandbox for now), and SIMHOSTS_AGENT. For example:
+Runs COMMAND on the first of two simulated hosts (h1, h2), the current folder and each DIR
+shared between them, and removes them afterwards. COMMAND gets the variables a benchmark run
+reads: COMMBENCH_LAUNCHER (mpirun with the rig's ssh agent and TCP on its pair),
+COMMBENCH_HOSTFILE, and SIMHOSTS_AGENT. For example:
 
     python -m pytest_commbench.simhosts run -- pytest suites --platform=cpu -m span_nodes \\
         --commbench-ranks-per-node=2
@@ -665,12 +664,16 @@ def main(argv: list[str]) -> int:
         return 2
     try:
         with SimHosts(shared=tuple(shared)) as rig:
+            program = default_mpiexec()
+            if program is None:
+                raise Unavailable("no MPI launcher (mpiexec) found")
             env = dict(os.environ,
                        COMMBENCH_LAUNCHER=" ".join(_quote(w) for w in
-                                                   [str(rig.launcher()), *rig.mpi_options()]),
-                       COMMBENCH_HOSTFILE=str(rig.hostfile), COMMBENCH_UNSANDBOXED="1",
-                       SIMHOSTS_AGENT=str(rig.agent), **rig.controller_env())
-            return subprocess.run(command, env=env).returncode
+                                                   [program, *rig.mpi_options(program)]),
+                       COMMBENCH_HOSTFILE=str(rig.hostfile), SIMHOSTS_AGENT=str(rig.agent))
+            env.pop("COMMBENCH_UNSANDBOXED", None)
+            # on the first host, as a controller runs on a node of its allocation
+            return subprocess.run(rig.command(rig.names[0], command), env=env).returncode
     except Unavailable as exc:
         sys.stderr.write(f"simulated hosts: {exc}\n")
         return 3

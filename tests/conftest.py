@@ -1,9 +1,10 @@
 """Shared set-up for the plugin's own tests: a throw-away benchmark tree run through pytester.
 
 The tests are layered: tests/unit (no job launched: logic, and sessions run in-process on a
-fake job runner, `Bench.run_fake`), tests/e2e (real jobs, sandbox, compilers, browser, Slurm,
-simulated hosts) and tests/cheats (every cheat as a full item). This file and the helpers
-beside it (oracle_kit.py, llm_servers.py, fake_runner.py) serve all three."""
+fake job runner, `Bench.run_fake`), tests/e2e (real jobs, sandbox, compilers, browser),
+tests/system (whole sessions: interrupted and resumed, sharded, a job array under Slurm, ranks
+over simulated hosts) and tests/cheats (every cheat as a full item). This file and the helpers
+beside it (oracle_kit.py, llm_servers.py, fake_runner.py) serve all four."""
 
 from __future__ import annotations
 

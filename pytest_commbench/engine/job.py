@@ -9,6 +9,7 @@ import hashlib
 import os
 import re
 import shutil
+import socket
 import sys
 import time
 from pathlib import Path
@@ -159,6 +160,7 @@ def run_job(plan: Plan, artifact: Path, job_dir: Path, timed: bool,
             agents = start_agents(plan, job_dir, code, obs.rk)
         job = Job(argv, job_dir, plan.deadline, env=env)
         obs.connect(job)
+        sandbox.ranks_up(job.proc, argv)  # a broker of remote starts starts no more
         connected = time.monotonic()
         misplaced = nodes.misplaced(plan.nodes, obs.hosts) if plan.nodes else None
         if misplaced:  # the launcher's doing, whatever the ranks did since
@@ -202,7 +204,7 @@ def write_job(plan: Plan, artifact: Path, job_dir: Path, trials: bool,
         out=str(out), scratch=str(scratch), job_dir=str(job_dir.resolve()), nccl_lib=libs,
         deadline_s=plan.deadline, ranks_per_gpu=platform.ranks_per_gpu,
         spans_nodes=nodes.spans(plan.nodes),
-        agent_socket=cluster.agent_socket(agent_name) if agent_name else None,
+        agent_socket=cluster.agent_socket(job_dir) if agent_name else None,
         stress=trials and settings.stress > 1 and not sanitize,
         cases=[{"id": c.id, "args": c.args, "params": c.params} for c in plan.cases])
     job_file = job_dir / "ro" / protocol.JOB_FILE
@@ -256,9 +258,14 @@ def job_argv(plan: Plan, job_dir: Path, job_file: Path, env: dict[str, str], out
             env.pop("NCCL_SOCKET_IFNAME")  # NCCL's choice, or the caller's NCCL_SOCKET_IFNAME
             if os.environ.get("NCCL_SOCKET_IFNAME"):
                 env["NCCL_SOCKET_IFNAME"] = os.environ["NCCL_SOCKET_IFNAME"]
-    if not settings.unsandboxed:
-        argv = sandbox.wrap(job_dir, argv, env, hide=hidden(settings))
-    return argv
+    if settings.unsandboxed:
+        return argv
+    placement = platform.node_placement
+    far = nodes.away(plan.nodes, placement.here if placement and placement.here
+                     else socket.gethostname()) if plan.nodes else []
+    if far:  # a sandbox on each node: mpirun's here, its daemon's on each other node
+        return sandbox.wrap_over_nodes(job_dir, argv, env, hide=hidden(settings), remote=far)
+    return sandbox.wrap(job_dir, argv, env, hide=hidden(settings))
 
 
 def job_observer(plan: Plan, job_dir: Path, timed: bool, trials: bool,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import platform as _platform
 import re
+import socket
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -60,6 +61,11 @@ class Platform:
         """Whether a job of `world` ranks shares devices (its timing is not the device's)."""
         return False
 
+    def wraps_launcher(self, world: int) -> bool:
+        """Whether a job of `world` ranks starts its launcher through a program of its own
+        (a daemon around it): such a job keeps to one sandbox, on one node."""
+        return False
+
     def batches(self, task: Task, gpu_batch: bool) -> bool:
         """Whether short calls are timed in batches: Python solutions on the host backend
         (a device platform batches where --commbench-gpu-batch asks)."""
@@ -97,6 +103,13 @@ class Platform:
             reason = placement.skip_reason(world, task.spans_nodes)
             if reason:
                 return reason
+            far = over_nodes.away(placement.layout(world, task.spans_nodes),
+                                  placement.here or socket.gethostname())
+            if placement.sandboxed and far and self.wraps_launcher(world):
+                return (f"its ranks would run on {', '.join(far)} and share a GPU: such a job "
+                        "starts its launcher through its MPS wrapper, which runs in one "
+                        "sandbox on one node (--commbench-unsandboxed; "
+                        "docs/cluster-design.md)")
             if placement.launcher.kind != "mpirun" or placement.launcher.program:
                 return None  # the launcher is the user's (srun, flux run, a path)
         if find_mpiexec() is None:

@@ -220,6 +220,9 @@ class NvidiaPlatform(GpuPlatform):
             return build_cuda(task, source, cache_dir, self.profile.arch, self.thunderkittens)
         return build_python(task, source, cache_dir)
 
+    def wraps_launcher(self, world: int) -> bool:
+        return self.shared(world)  # the MPS wrapper (launch_argv)
+
     def launch_argv(self, world: int, job: Path, wrap: tuple[str, ...] = (),
                     nodes: list[str] | None = None) -> list[str]:
         """Ranks on shared GPUs are started by the job's MPS wrapper (`rank/mps.py`), which

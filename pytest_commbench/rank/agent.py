@@ -29,7 +29,7 @@ import sys
 import time
 from pathlib import Path
 
-from .protocol import STEP_ANSWER, Rank, socket_address
+from .protocol import STEP_ANSWER, Rank, on_this_host, socket_address
 from .wire import (
     HEARTBEAT_S,
     KEY_ENV,
@@ -94,7 +94,7 @@ class Agent:
         self.job = str(spec["job"])
         self.host = socket.gethostname()
         self.mine = set(int(r) for r in spec["nodes"][node]["ranks"])
-        self.path = Path(spec["socket"])
+        self.path = Path(on_this_host(spec["socket"]))
         self.ranks: dict[int, Rank] = {}
         self.pids: dict[int, tuple[int, str | None]] = {}
         self.seen: dict[int, dict[str, int]] = {}
@@ -113,6 +113,7 @@ class Agent:
     def serve(self) -> None:
         """The node-local socket the ranks connect to (a folder of this agent's own)."""
         folder = self.path.parent
+        os.makedirs(folder.parent, exist_ok=True)
         os.mkdir(folder, 0o700)
         self.server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         address, fd = socket_address(str(folder))

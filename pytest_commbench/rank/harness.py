@@ -37,6 +37,7 @@ from .protocol import (
     W,
     batch_sets,
     guard_file,
+    on_this_host,
     read_feed,
     socket_address,
     stack_file,
@@ -155,8 +156,8 @@ def main(argv: list[str]) -> int:
     status = Status(Path(job.out) / status_file(rank))
     try:
         # a job over several nodes: its node's agent serves it (the socket's folder)
-        link = Link(os.path.dirname(job.agent_socket) if job.agent_socket else job.job_dir,
-                    rank)
+        link = Link(os.path.dirname(on_this_host(job.agent_socket))
+                    if job.agent_socket else job.job_dir, rank)
     except OSError as exc:
         status.update(error=f"could not reach the observer: {exc}")
         return 4

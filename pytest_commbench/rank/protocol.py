@@ -304,6 +304,12 @@ def poison_value(dtype: np.dtype | str):
     return 0
 
 
+def on_this_host(template: str) -> str:
+    """A path of a job over nodes with `{host}` made this node's: its short host name, as the
+    node's agent and its ranks both see it."""
+    return template.replace("{host}", socket.gethostname().split(".", 1)[0].lower())
+
+
 def socket_address(folder: str) -> tuple[str, int]:
     """A short address for the socket in `folder` (Unix socket paths are limited to 108
     bytes): through an O_PATH descriptor of the folder. Returns (address, descriptor); the

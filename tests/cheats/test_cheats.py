@@ -15,6 +15,8 @@ finds it) and a `cheat.toml`:
     expect = ["forbidden", "wrong_answer"]  # verdicts that count as rejected
     max_speedup = 1.5                    # only where "pass" is expected: cheats that do the
                                          # real work and only try to fake the speed
+    min_call_us = 1000                   # optional: what every timed call must take at least
+                                         # (a sleep the cheat hides): a floor any host shows
     why = "..."                          # what stops it
 
     [[runs]]                             # optional: several runs in one runs folder, each
@@ -259,6 +261,29 @@ def _run(name: str, spec: dict, runs: Path, extra: dict) -> tuple[dict | None, s
     return record, verdict, report
 
 
+def _speed_believed(spec: dict, record: dict) -> list[str]:
+    """What of a passing cheat's faked speed the harness believed. Each timed call's own time
+    (the observer's clock) must be at least the cheat's hidden floor on any host. The speedup
+    must stay below `max_speedup` where the host could time the item; where the harness
+    called the timing `contended` (fewer CPUs than ranks and observer: every 2-CPU machine),
+    a speedup is noise the harness itself refuses to count, and it must say so."""
+    found = []
+    floor = spec.get("min_call_us")
+    for size in record.get("sizes") or []:
+        took = size.get("t_sol_us")
+        if floor is not None and took is not None and took < floor:
+            found.append(f"{size.get('count')} elements: {took:.1f} us a call, below the "
+                         f"{floor} us the cheat spends in each: the faked clock was believed")
+    speedup = record.get("speedup")
+    if record.get("timing_trust") == "contended":
+        if not (record.get("host_load") or {}).get("contended"):
+            found.append("timing called contended without the host's load in the record")
+    elif speedup is None or speedup > spec["max_speedup"]:
+        found.append(f"speedup {speedup} above {spec['max_speedup']}: the faked speed was "
+                     "believed")
+    return found
+
+
 @pytest.mark.parametrize("name", _names())
 def test_cheat_is_rejected(name: str, cpus_alone) -> None:
     spec = _spec(name)
@@ -284,10 +309,7 @@ def test_cheat_is_rejected(name: str, cpus_alone) -> None:
         if verdict not in expect:
             found.append(f"verdict {verdict!r}, expected one of {expect}")
         elif verdict == "pass":
-            speedup = record.get("speedup")
-            if speedup is None or speedup > spec["max_speedup"]:
-                found.append(f"speedup {speedup} above {spec['max_speedup']}: the faked "
-                             "speed was believed")
+            found += _speed_believed(spec, record)
         if changes:  # (edits made to the tree by anyone while the cheat ran show here too)
             found.append(f"files changed during the run: {changes}")
         if left:
@@ -297,3 +319,20 @@ def test_cheat_is_rejected(name: str, cpus_alone) -> None:
     if problems:
         pytest.fail("\n\n".join(problems), pytrace=False)
     shutil.rmtree(runs, ignore_errors=True)
+
+
+def test_a_believed_speed_is_found_on_any_host():
+    """The judge of a passing cheat's speed: a call below the hidden floor is found on any
+    host; a high speedup where the host could time it is found; a contended timing counts
+    only where the record carries the load that made it so."""
+    spec = {"max_speedup": 1.5, "min_call_us": 1000}
+    slow = [{"count": 1, "t_sol_us": 1200.0}]
+    fast = [{"count": 1, "t_sol_us": 40.0}]
+    load = {"contended": True, "cpus": 2, "outside_cpus": 0.5, "ranks": 2}
+    assert _speed_believed(spec, {"sizes": slow, "speedup": 0.9, "timing_trust": "ok"}) == []
+    assert _speed_believed(spec, {"sizes": slow, "speedup": 2.7, "timing_trust": "contended",
+                                  "host_load": load}) == []
+    assert _speed_believed(spec, {"sizes": fast, "speedup": 2.7, "timing_trust": "contended",
+                                  "host_load": load})
+    assert _speed_believed(spec, {"sizes": slow, "speedup": 2.7, "timing_trust": "ok"})
+    assert _speed_believed(spec, {"sizes": slow, "speedup": 2.7, "timing_trust": "contended"})

@@ -119,6 +119,27 @@ def test_a_task_that_needs_distinct_gpus_is_skipped_there_and_only_there(fake_bi
         assert "GPU per rank" not in (_platform(2).skip_reason(task, 2) or ""), task.relpath
 
 
+def test_a_sandboxed_job_sharing_a_gpu_keeps_to_one_node(fake_bin, monkeypatch):
+    """Ranks sharing a GPU start through the job's MPS wrapper, which runs in one sandbox:
+    such an item over nodes is skipped saying so; without the sandbox it is not."""
+    from pytest_commbench.nodes import Launcher, Node, Placement
+
+    monkeypatch.setenv("FAKE_GPUS", "1")
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    task = _task("collective/nccl_allreduce")
+    assert task.spans_nodes
+
+    def placed(per_gpu: int, sandboxed: bool = True):
+        platform = _platform(per_gpu)
+        platform.node_placement = Placement((Node("n1"), Node("n2")), Launcher("mpirun"), 1,
+                                            "test", "n1", None, sandboxed)
+        return platform
+
+    reason = placed(2).skip_reason(task, 2) or ""
+    assert "would run on n2 and share a GPU" in reason and "MPS wrapper" in reason, reason
+    assert "share a GPU" not in (placed(2, sandboxed=False).skip_reason(task, 2) or "")
+
+
 def test_without_the_mps_control_program_shared_items_are_skipped_saying_so(fake_bin,
                                                                              monkeypatch):
     monkeypatch.setenv("FAKE_GPUS", "1")

@@ -4,13 +4,14 @@ name it, where ranks landed against where they were asked, and the manifest's `n
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from pathlib import Path
 
 import pytest
 
 from pytest_commbench import nodes
-from pytest_commbench.nodes import Launcher, Node, Placement, PlacementError
+from pytest_commbench.nodes import Launcher, Node, Placement, PlacementError, away
 from pytest_commbench.platforms import make
 from pytest_commbench.tasks import ManifestError, load_suite, load_task, marker_names
 
@@ -161,13 +162,24 @@ def test_an_item_that_needs_more_nodes_than_there_are_is_skipped_saying_why():
     assert p.skip_reason(6, span=False) is None  # all on one node
 
 
-def test_a_sandboxed_job_is_never_placed_on_another_node():
+def test_a_sandboxed_job_goes_to_other_nodes_with_mpirun_only():
     p = _placement("a", "b", per_node=1, here="a", sandboxed=True)
     assert p.skip_reason(1, span=True) is None  # only here
-    reason = p.skip_reason(2, span=True)
-    assert "would run on b" in reason and "--commbench-unsandboxed" in reason
+    assert p.skip_reason(2, span=True) is None  # mpirun: a sandbox on each node
+    for kind in ("srun", "flux"):
+        other = dataclasses.replace(p, launcher=Launcher(kind))
+        reason = other.skip_reason(2, span=True)
+        assert "would run on b" in reason and f"not with {kind}" in reason
+        assert "--commbench-unsandboxed" in reason
+        assert other.skip_reason(1, span=True) is None
+        assert dataclasses.replace(other, sandboxed=False).skip_reason(2, span=True) is None
     assert _placement("localhost", per_node=1, here="a", sandboxed=True).skip_reason(
         2, span=False) is None
+
+
+def test_the_nodes_away_from_this_host_are_those_of_other_names():
+    assert away(["a", "a", "b.cluster", "c", "b"], "a.cluster") == ["b.cluster", "c", "b"]
+    assert away(["localhost", "127.0.0.1", "h1"], "h1") == []
 
 
 # -- the launchers' commands -----------------------------------------------------------------
@@ -327,9 +339,10 @@ def test_a_sandboxed_item_whose_ranks_would_run_on_other_nodes_is_skipped_saying
     bench.add_task("p2p/pingpong", ranks=2)
     hostfile = bench.root / "hosts"
     hostfile.write_text("elsewhere1 slots=1\nelsewhere2 slots=1\n")
-    result = bench.run_fake("--platform=cpu", "--commbench-hostfile=hosts", "-rs")
+    result = bench.run_fake("--platform=cpu", "--commbench-hostfile=hosts", "-rs",
+                            "--commbench-launcher=srun")
     result.stdout.fnmatch_lines(["*its ranks would run on elsewhere1, elsewhere2, not on this "
-                                 "host*--commbench-unsandboxed*"])
+                                 "host*not with srun*--commbench-unsandboxed*"])
     (record,) = bench.records()
     assert record["verdict"] == "skipped"
     # a task that may not span nodes asks for one node alone, never another's slots

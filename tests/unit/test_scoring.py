@@ -265,6 +265,8 @@ def test_a_run_timed_only_on_a_contended_host_prints_no_speedup_score():
     contended = lines([{**r, "timing_trust": "contended"} for r in timed])
     assert "fast_" not in contended and "GM-Speedup left out" in contended, contended
     assert "PASS+Good 100.0%" not in contended and "90% CI" not in contended, contended
+    # ... nor in the breakdowns by difficulty, category and library (GM 2.359 where readable)
+    assert readable.count("2.359") >= 6 and "2.359" not in contended, contended
 
 
 def test_per_size_bandwidths_are_the_nccl_tests_columns():

@@ -1,12 +1,16 @@
 """Simulated hosts (`pytest_commbench.simhosts`): two hosts on this machine, made without
 privilege, joined by a veth pair on a private /30. An MPI job across them (each rank on its
 own host, with its own name, address, /tmp and /dev/shm), a rank killed on the second host,
-the rig removed with nothing left (by its maker, and when its maker is killed), and a
-benchmark item whose ranks span the hosts through the placement options (the job's folder on
-the hosts' shared filesystem). Every job here is bounded in time."""
+the rig removed with nothing left (by its maker, and when its maker is killed), and
+benchmark items whose ranks span the hosts through the placement options (the job's folder on
+the hosts' shared filesystem), in a sandbox per host with the controller on h1: what a rank
+on either host can see, a rank killed, a hang, the controller killed, nothing left on either
+host after any of them (Open MPI 5, and 4 where the system has it). Every job here is
+bounded in time."""
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shlex
@@ -18,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_commbench import simhosts
+from pytest_commbench import sandbox, simhosts
 
 JOB_S = 60  # an MPI job on the rig takes about a second
 
@@ -119,15 +123,20 @@ def test_a_command_runs_with_the_hosts_up_and_the_variables_a_run_reads(tmp_path
     reason = simhosts.unavailable()
     if reason:
         pytest.skip(reason)
-    show = ('echo "$COMMBENCH_HOSTFILE|$COMMBENCH_UNSANDBOXED"; "$SIMHOSTS_AGENT" h2 hostname; '
-            'case "$COMMBENCH_LAUNCHER" in */bin/mpirun*plm_ssh_agent*) echo ok ;; esac')
+    show = ('echo "$COMMBENCH_HOSTFILE|${COMMBENCH_UNSANDBOXED-unset}|$(hostname)|$PWD"; '
+            '"$SIMHOSTS_AGENT" h2 hostname; '
+            'case "$COMMBENCH_LAUNCHER" in */bin/mpi*plm_ssh_agent*|*/bin/mpi*plm_rsh_agent*) '
+            'echo ok ;; esac')
     done = subprocess.run([sys.executable, "-m", "pytest_commbench.simhosts", "run", "--",
                            "sh", "-c", show], capture_output=True, text=True, timeout=JOB_S,
-                          cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(
+                          cwd=tmp_path, env={**os.environ, "COMMBENCH_UNSANDBOXED": "1",
+                                             "PYTHONPATH": str(
                               Path(simhosts.__file__).parent.parent)})
     assert done.returncode == 0, done.stderr
-    hostfile, unsandboxed = done.stdout.splitlines()[0].split("|")
-    assert hostfile.endswith("/hostfile") and unsandboxed == "1"
+    hostfile, unsandboxed, host, where = done.stdout.splitlines()[0].split("|")
+    # on the first host, in the calling folder; jobs run in their sandboxes
+    assert hostfile.endswith("/hostfile") and unsandboxed == "unset"
+    assert (host, where) == ("h1", str(tmp_path))
     assert done.stdout.splitlines()[1:] == ["h2", "ok"]
     assert not Path(hostfile).exists()  # the rig is gone with the command
     usage = subprocess.run([sys.executable, "-m", "pytest_commbench.simhosts", "run"],
@@ -211,9 +220,21 @@ def _span(bench, rig: simhosts.SimHosts, *args: str, hostfile: Path | None = Non
         "--commbench-ranks-per-node=1", *args, timeout=240)
 
 
+def _span_sandboxed(bench, rig: simhosts.SimHosts, *args: str, per_node: int = 1):
+    """A run whose controller is on h1 (as on a node of its allocation), its jobs in their
+    sandboxes, one on each host they span."""
+    program = simhosts.default_mpiexec()
+    launcher = shlex.join([program, *rig.mpi_options(program)])
+    return bench.pytester.run(*rig.command("h1", [
+        sys.executable, "-m", "pytest", "suites", "-p", "no:cacheprovider", "--platform=cpu",
+        f"--commbench-launcher={launcher}", f"--commbench-ranks-per-node={per_node}",
+        *([] if any(a.startswith("--commbench-hostfile") for a in args) else
+          [f"--commbench-hostfile={rig.hostfile}"]), *args]), timeout=240)
+
+
 def test_an_item_with_a_rank_on_each_host_passes_and_its_record_names_them(bench, sim_hosts):
     bench.add_task("p2p/pingpong", ranks=2)
-    result = _span(bench, sim_hosts)
+    result = _span_sandboxed(bench, sim_hosts)
     assert result.ret == 0, result.stdout.str()[-3000:]
     (record,) = bench.records()
     assert record["verdict"] == "pass", record["message"]
@@ -223,7 +244,7 @@ def test_an_item_with_a_rank_on_each_host_passes_and_its_record_names_them(bench
     assert all(0 <= v < 1e6 for v in record["clock_skew_us"].values())
     assert _quiet(sim_hosts) == []
     # its mutants are rejected across the hosts as on one
-    result = _span(bench, sim_hosts, "--commbench-model=mutants")
+    result = _span_sandboxed(bench, sim_hosts, "--commbench-model=mutants")
     mutants = [r for r in bench.records() if r["model"] == "mutants"]
     assert len(mutants) >= 2 and all(r["verdict"] == "wrong_answer" for r in mutants), [
         (r["candidate"], r["verdict"], r["message"]) for r in mutants]
@@ -231,13 +252,18 @@ def test_an_item_with_a_rank_on_each_host_passes_and_its_record_names_them(bench
     assert _quiet(sim_hosts) == []
 
 
+@pytest.mark.parametrize("sandboxed", [False, True], ids=["unsandboxed", "sandboxed"])
 def test_ranks_that_land_elsewhere_than_asked_are_an_infra_error_saying_where(bench,
-                                                                              sim_hosts):
+                                                                              sim_hosts,
+                                                                              sandboxed):
     bench.add_task("p2p/pingpong", ranks=2)
     # the first host by its name and by its address: two nodes to the placement, one to MPI
     mixed = sim_hosts.dir / "mixed-hostfile"
     mixed.write_text(f"h1\n{sim_hosts.address['h1']}\n")
-    _span(bench, sim_hosts, hostfile=mixed)
+    if sandboxed:  # the controller on h1: the broker waits for a node mpirun never starts
+        _span_sandboxed(bench, sim_hosts, f"--commbench-hostfile={mixed}")
+    else:  # the controller off the hosts, its launcher on h1
+        _span(bench, sim_hosts, hostfile=mixed)
     (record,) = bench.records()
     assert record["verdict"] == "infra_error"
     assert record["message"] == (
@@ -259,6 +285,294 @@ def test_software_in_a_tree_the_hosts_replace_is_shared_with_them(monkeypatch, t
     found = simhosts.own_software()
     assert str(venv) in found and "/usr" not in found
     assert all(x.startswith(("/tmp/", "/dev/shm/")) for x in found)
+
+
+# -- a sandbox on each node: mpirun's here, its daemon's on the other host ---------------------
+
+RANK = r"""
+import json, os, signal, socket, sys, time
+from pathlib import Path
+from mpi4py import MPI
+comm = MPI.COMM_WORLD
+rank = comm.Get_rank()
+job = Path(sys.argv[0]).resolve().parent.parent
+open(f"/tmp/commbench-mark-{rank}", "w").write("x")
+(job / f"up-{rank}").write_text(socket.gethostname())
+comm.Barrier()
+mode = os.environ.get("RANK_MODE", "hello")
+if mode == "sleep":
+    time.sleep(600)
+if mode == "fork":  # ranks 0 (h1) and 2 (h2) start 400 children each, and hold them
+    children, error = [], None
+    if rank in (0, 2):
+        for _ in range(400):
+            try:
+                pid = os.fork()
+            except OSError as exc:
+                error = exc.errno
+                break
+            if pid == 0:
+                signal.pause()
+                os._exit(0)
+            children.append(pid)
+        print(f"FORKED {rank} {len(children)} {error}", flush=True)
+    comm.Barrier()  # both hold theirs at once
+    time.sleep(1)
+    for pid in children:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+    sys.exit(0)
+if mode == "die" and rank == 2:
+    print(f"rank 2 on {socket.gethostname()} kills itself", flush=True)
+    os.kill(os.getpid(), signal.SIGKILL)
+if mode == "die":
+    comm.Barrier()  # the others wait for a peer that is gone
+    time.sleep(600)
+said = comm.gather({
+    "rank": rank, "host": socket.gethostname(),
+    "pidns": os.readlink("/proc/self/ns/pid"), "userns": os.readlink("/proc/self/ns/user"),
+    "seen": [p for p in sys.argv[1:] if os.path.exists(p)],
+    "marks": sorted(n for n in os.listdir("/tmp") if n.startswith("commbench-mark-")),
+}, root=0)
+if rank == 0:
+    print("HELLO " + json.dumps(said), flush=True)
+"""
+
+# the controller, on h1: a job of four ranks, two on each host, in a sandbox per host
+DRIVE = r"""
+import json, os, signal, shutil, sys, time
+from pathlib import Path
+from pytest_commbench import launch, sandbox
+mpirun, python, job, script, mode, *hide = sys.argv[1:]
+job = Path(job)
+(job / "ro").mkdir(parents=True)
+shutil.copyfile(script, job / "ro" / "rank.py")
+mine = Path("/tmp/commbench-controller-file")  # the controller's own file, on its node
+mine.write_text("x")
+seen = [*hide, str(mine), os.environ["SIMHOSTS_AGENT"], str(job / "remote-start.sock")]
+argv = [mpirun, *json.loads(os.environ["RIG_OPTIONS"]), "-n", "4", "--host", "h1:2,h2:2",
+        "--map-by", "slot", python, str(job / "ro" / "rank.py"), *seen]
+env = launch.mpi_env()
+env.pop("OMPI_MCA_btl", None)
+env["RANK_MODE"] = mode
+limits = json.loads(os.environ.get("LIMITS", "null"))
+command = sandbox.wrap_over_nodes(job, argv, env, hide=[Path(h) for h in hide], remote=["h2"],
+                                  limits=limits)
+running = launch.Job(command, job, 90, env=env)
+if mode == "sleep":  # the controller dies once every rank is up
+    deadline = time.monotonic() + 60
+    while len(list(job.glob("up-*"))) < 4 and running.alive() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    print("UP " + json.dumps(sorted(p.read_text() for p in job.glob("up-*"))), flush=True)
+    os.kill(os.getpid(), signal.SIGKILL)
+running.wait()
+result = running.finish()
+print("PIDNS " + os.readlink("/proc/self/ns/pid"))
+print(f"RC {result.returncode}")
+print(result.output)
+"""
+
+
+def _mpi(which: str) -> tuple[str, str]:
+    """(mpirun, the Python whose mpi4py goes with it) of Open MPI `which` major, or a skip."""
+    if which == "5":
+        program, python = simhosts.default_mpiexec(), sys.executable
+    else:
+        program, python = "/usr/bin/mpirun", "/usr/bin/python3"
+    if not program or not os.path.exists(program) or \
+            simhosts.open_mpi_major(program) != int(which):
+        pytest.skip(f"no Open MPI {which} here")
+    probe = subprocess.run([python, "-c", "import mpi4py, numpy"], capture_output=True)
+    if probe.returncode != 0:
+        pytest.skip(f"{python} has no mpi4py for Open MPI {which}")
+    return program, python
+
+
+def _drive(rig: simhosts.SimHosts, tmp_path: Path, which: str, mode: str,
+           hide: list[Path], limits: dict | None = None) -> subprocess.CompletedProcess:
+    program, python = _mpi(which)
+    (tmp_path / "rank.py").write_text(RANK)
+    (tmp_path / "drive.py").write_text(DRIVE)
+    package = Path(simhosts.__file__).parent
+    env = {**os.environ, "PYTHONPATH": str(package.parent), "SIMHOSTS_AGENT": str(rig.agent),
+           "RIG_OPTIONS": json.dumps(rig.mpi_options(program)), "LIMITS": json.dumps(limits)}
+    return rig.run("h1", [sys.executable, str(tmp_path / "drive.py"), program, python,
+                          str(tmp_path / "job"), str(tmp_path / "rank.py"), mode,
+                          *map(str, hide)], timeout=120, env=env, cwd=tmp_path)
+
+
+@pytest.mark.parametrize("which", ["5", "4"], ids=["openmpi5", "openmpi4"])
+def test_each_hosts_ranks_run_in_a_sandbox_of_that_host(sim_hosts, tmp_path, which):
+    secret = tmp_path / "references" / "solution.py"
+    secret.parent.mkdir()
+    secret.write_text("SECRET")
+    package = Path(simhosts.__file__).parent
+    done = _drive(sim_hosts, tmp_path, which, "hello", [secret.parent, package])
+    out = done.stdout + done.stderr
+    assert done.returncode == 0 and "RC 0" in done.stdout, out[-3000:]
+    said = json.loads(next(ln for ln in done.stdout.splitlines()
+                           if ln.startswith("HELLO "))[len("HELLO "):])
+    assert [r["host"] for r in said] == ["h1", "h1", "h2", "h2"]
+    # nothing hidden is found on either host: the references, the package, the controller's
+    # own file, the rig's remote-start agent, the broker's socket (closed once h2 started)
+    assert [r["seen"] for r in said] == [[]] * 4
+    # one sandbox per host: the host's ranks share its PID namespace and /tmp, the other
+    # host's are in another, and neither is the controller's
+    controller = next(ln for ln in done.stdout.splitlines() if ln.startswith("PIDNS "))[6:]
+    assert said[0]["pidns"] == said[1]["pidns"] != said[2]["pidns"] == said[3]["pidns"]
+    assert controller not in {r["pidns"] for r in said}
+    assert said[0]["userns"] == said[1]["userns"] != said[2]["userns"] == said[3]["userns"]
+    assert [r["marks"] for r in said] == [["commbench-mark-0", "commbench-mark-1"]] * 2 + [
+        ["commbench-mark-2", "commbench-mark-3"]] * 2
+    assert _quiet(sim_hosts) == []
+
+
+def test_each_hosts_sandbox_has_its_own_process_limit(sim_hosts, tmp_path):
+    """300 processes per host's sandbox: a rank on each host starts 400 children at once;
+    each gets most of its own host's 300 (the two together more than one limit would allow)
+    and none gets past it: refused by the host's pids cgroup (or RLIMIT_NPROC), or counted,
+    when the host's sandbox stops the job at its limit and says so."""
+    done = _drive(sim_hosts, tmp_path, "5", "fork", [], limits={"pids_max": 300})
+    out = done.stdout + done.stderr
+    forked = {int(w[1]): (int(w[2]), w[3]) for w in (ln.split() for ln in out.splitlines())
+              if w[:1] == ["FORKED"]}
+    if forked.keys() == {0, 2}:  # the kernel refused the fork past each host's limit
+        assert "RC 0" in done.stdout, out[-3000:]
+        for count, error in forked.values():
+            assert 150 < count < 300 and error == str(errno.EAGAIN), out[-3000:]
+    else:  # a host's sandbox counted its processes and stopped the job
+        assert f"RC {sandbox.LIMIT_EXIT}" in done.stdout, out[-3000:]
+        assert "more than its limit of 300" in out, out[-3000:]
+    assert _quiet(sim_hosts) == []
+
+
+def test_a_host_that_stops_its_part_at_a_limit_ends_the_job_as_a_limit(sim_hosts, tmp_path):
+    """No cgroup: the sandboxes count their processes (the host's uid is root here, whom
+    RLIMIT_NPROC does not bind) or RLIMIT_NPROC refuses the fork; a host's sandbox that
+    stops its part makes the job's status the limit's."""
+    done = _drive(sim_hosts, tmp_path, "5", "fork", [], limits={"pids_max": 300,
+                                                                  "cgroup": None})
+    out = done.stdout + done.stderr
+    if os.getuid() != 0:
+        pytest.skip("RLIMIT_NPROC binds this user: the kernel refuses the fork, nothing stops")
+    assert f"RC {sandbox.LIMIT_EXIT}" in done.stdout, out[-3000:]
+    assert "[commbench sandbox] stopped the job: the job ran" in out, out[-3000:]
+    assert _quiet(sim_hosts) == []
+
+
+@pytest.mark.parametrize("which", ["5", "4"], ids=["openmpi5", "openmpi4"])
+def test_a_sandboxed_rank_killed_on_the_second_host_ends_the_job_and_leaves_nothing(
+        sim_hosts, tmp_path, which):
+    done = _drive(sim_hosts, tmp_path, which, "die", [])
+    out = done.stdout + done.stderr
+    assert "rank 2 on h2 kills itself" in out, out[-3000:]
+    assert "RC 0" not in done.stdout, out[-3000:]
+    assert _quiet(sim_hosts) == [], "processes left on the hosts"
+
+
+@pytest.mark.parametrize("which", ["5", "4"], ids=["openmpi5", "openmpi4"])
+def test_every_hosts_sandbox_ends_with_its_controller(sim_hosts, tmp_path, which):
+    done = _drive(sim_hosts, tmp_path, which, "sleep", [])
+    up = next((ln for ln in done.stdout.splitlines() if ln.startswith("UP ")), "UP []")
+    assert json.loads(up[3:]) == ["h1", "h1", "h2", "h2"], done.stdout + done.stderr
+    assert done.returncode != 0  # the controller was killed
+    assert _quiet(sim_hosts, 20.0) == [], "the job outlived its controller"
+
+
+SPY = '''"""Ping-pong between ranks 0 and 1 of ctx.comm: one round trip per call."""
+
+import numpy as np
+from mpi4py import MPI
+
+
+def pingpong(ctx, sendbuf: np.ndarray, recvbuf: np.ndarray) -> None:
+    comm: MPI.Comm = ctx.comm
+    # >>> COMMBENCH EDIT pingpong
+    # first look for what no job may see: the expert solution, the package, the controller's
+    # project and its results, whatever the host
+    import socket
+    found = []
+    for path in {look!r}:
+        try:
+            with open(path, "rb") as f:
+                found.append((path, len(f.read())))
+        except OSError:
+            pass
+    if found:
+        raise RuntimeError(f"rank {{comm.Get_rank()}} on {{socket.gethostname()}} read {{found}}")
+    rank = comm.Get_rank()
+    if rank == 0:
+        reply = comm.Irecv(recvbuf, source=1, tag=1)
+        comm.Send(sendbuf, dest=1, tag=0)
+        reply.Wait()
+    elif rank == 1:
+        comm.Recv(recvbuf, source=0, tag=0)
+        comm.Send(sendbuf, dest=0, tag=1)
+    # <<< COMMBENCH EDIT
+'''
+
+
+def test_a_rank_on_the_second_host_reads_nothing_a_job_may_not_see(bench, sim_hosts):
+    """A solution whose ranks (one on each host) read the reference, the package, the
+    controller's project files and an earlier job's output: sandboxed, nothing is found
+    on either host and the item passes; without the sandboxes the same solution reads them
+    (so the look is real)."""
+    bench.add_task("p2p/pingpong", ranks=2)
+    earlier = bench.root / "runs" / "earlier" / "work" / "item" / "sol0" / "out" / "answer.npy"
+    earlier.parent.mkdir(parents=True)
+    earlier.write_bytes(b"an earlier job's output")
+    look = [str(bench.root / "references" / "p2p" / "pingpong" / "solution.py"),
+            str(Path(simhosts.__file__).parent / "observer.py"),
+            str(bench.root / "pytest.ini"), str(earlier)]
+    spy = bench.root / "spy"
+    (spy / "p2p" / "pingpong").mkdir(parents=True)
+    (spy / "p2p" / "pingpong" / "solution.py").write_text(SPY.format(look=look))
+    result = _span_sandboxed(bench, sim_hosts, f"--commbench-model=dir:{spy}")
+    (record,) = bench.records()
+    assert record["verdict"] == "pass", (record["message"], result.stdout.str()[-2000:])
+    assert record["hosts"] == ["h1", "h2"]
+    assert _quiet(sim_hosts) == []
+    result = _span_sandboxed(bench, sim_hosts, f"--commbench-model=dir:{spy}",
+                             "--commbench-unsandboxed")
+    control = bench.records()[-1]
+    assert control["verdict"] == "runtime_error", control
+    said = f"{control['message']}\\n{control.get('detail') or ''}"
+    assert "read [(" in said and "solution.py" in said, said
+    assert _quiet(sim_hosts) == []
+
+
+@pytest.mark.parametrize("cheat", ["read_references", "read_other_jobs", "tamper_files_on_disk",
+                                   "kill_launcher"])
+def test_the_cheats_on_hidden_files_and_the_launcher_are_rejected_with_a_rank_on_each_host(
+        bench, sim_hosts, cheat):
+    import tomllib
+
+    repo = Path(__file__).resolve().parents[2]
+    folder = repo / "fixtures" / "cheats" / cheat
+    spec = tomllib.loads((folder / "cheat.toml").read_text())
+    bench.add_task(spec["task"], ranks=2)
+    result = _span_sandboxed(bench, sim_hosts, f"--commbench-model=dir:{folder}")
+    (record,) = bench.records()
+    assert record["verdict"] in spec["expect"], (record["verdict"], record["message"],
+                                                 result.stdout.str()[-2000:])
+    assert record["hosts"] == ["h1", "h2"]
+    # nothing planted where the tampering cheat tries (the package, the references)
+    planted = [p for tree in (repo / "pytest_commbench", bench.root / "references")
+               for p in tree.rglob("*commbench_cheat_proof*")]
+    assert planted == []
+    assert _quiet(sim_hosts) == []
+
+
+def test_a_hanging_item_over_the_hosts_is_killed_at_its_deadline_and_leaves_nothing(
+        bench, sim_hosts):
+    bench.add_task("collective/ring_allreduce", ranks=2)
+    hang = Path(__file__).resolve().parents[2] / "fixtures" / "solutions" / "hang"
+    _span_sandboxed(bench, sim_hosts, f"--commbench-model=dir:{hang}", "--commbench-timeout=5")
+    (record,) = bench.records()
+    assert record["verdict"] == "timeout", (record["verdict"], record["message"])
+    assert record["hosts"] == ["h1", "h2"]
+    # the job's session killed: every host's sandbox with it, the second host's included
+    assert _quiet(sim_hosts) == [], "processes left on the hosts"
 
 
 # -- the node agents (docs/cluster-design.md, "Part 2") ---------------------------------------
