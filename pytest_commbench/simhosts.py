@@ -307,6 +307,16 @@ class SimHosts:
                 "--mca", "pml", "ob1",
                 "--bind-to", "none"]
 
+    def controller_env(self) -> dict[str, str]:
+        """What a controller outside the rig needs to be reached by node agents on its
+        hosts (`cluster.listen`): its listening socket made on the first host (in its
+        network, by `python simhosts.py listen` through the rig's agent, and handed back over
+        a Unix socket), the agents told that host's address."""
+        listen = [str(self.agent), "--exec", self.names[0], sys.executable, "-I", str(SCRIPT),
+                  "listen"]
+        return {"COMMBENCH_AGENT_LISTEN": " ".join(_quote(w) for w in listen),
+                "COMMBENCH_AGENT_ADDRESS": self.address[self.names[0]]}
+
     def command(self, host: str, argv: list[str]) -> list[str]:
         """The command that runs `argv` on `host` (in the calling folder, where the host
         has it)."""
@@ -669,7 +679,26 @@ def main(argv: list[str]) -> int:
         return 3
 
 
+def _listen(path: str, address: str) -> int:  # pragma: no cover - runs on a host of the rig
+    """A listening TCP socket on an ephemeral port of `address` (this host's network), sent
+    over the Unix socket at `path` to the controller that asked for it."""
+    server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    server.bind((address, 0))
+    server.listen(16)
+    folder = os.open(os.path.dirname(path), os.O_PATH | os.O_DIRECTORY)
+    unix = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        unix.connect(f"/proc/self/fd/{folder}/{os.path.basename(path)}")
+        socket.send_fds(unix, [b"listening"], [server.fileno()])
+    finally:
+        os.close(folder)
+        unix.close()
+    return 0
+
+
 if __name__ == "__main__":  # pragma: no cover - the rig's own processes, and `run`
+    if sys.argv[1:2] == ["listen"]:
+        sys.exit(_listen(sys.argv[2], sys.argv[3]))
     if sys.argv[1:2] == ["keeper"]:
         sys.exit(_keeper(sys.argv[2]))
     if sys.argv[1:2] == ["host"]:

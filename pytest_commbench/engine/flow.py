@@ -21,7 +21,7 @@ from ..settings import Settings
 from ..tasks import Task
 from ..verdicts import Rejected, Verdict
 from .job import compile_jail, run_job
-from .measure import OUTPUT_IN_RECORD, figures, measure, trust
+from .measure import OUTPUT_IN_RECORD, blurred_by_skew, figures, measure, trust
 from .plan import InfraError, JobRunner, Plan
 from .result import ItemResult
 from .tidy import tidy
@@ -42,7 +42,8 @@ def evaluate(task: Task, world: int, answer: Reply | Candidate, platform: Platfo
         answer = produce(answer.produce)
     # the attempt as it is learnt (the typed result is made once, at the end); a
     # compile-only run's answers, built or not, are never scored (scoring.scored)
-    draft = SimpleNamespace(verdict="", compile_only=settings.compile_only or None, hosts=None)
+    draft = SimpleNamespace(verdict="", compile_only=settings.compile_only or None, hosts=None,
+                            clock_skew_us=None)
     try:
         _run(task, world, answer, kind or "solution", platform, settings, draft, runner)
     except Rejected as exc:
@@ -133,6 +134,8 @@ def _run(task: Task, world: int, reply: Reply, kind: str, platform: Platform,
         outcome = runner(plan, *args, **kwargs)
         if result.hosts is None and outcome.hosts and any(outcome.hosts):
             result.hosts = list(outcome.hosts)
+        if result.clock_skew_us is None and outcome.clock_skew_us:
+            result.clock_skew_us = dict(outcome.clock_skew_us)
         return outcome
 
     with platform.lease(world, exclusive=timed and not settings.shared_node,
@@ -158,3 +161,5 @@ def _run(task: Task, world: int, reply: Reply, kind: str, platform: Platform,
         shared = platform.shared(world)
         result.speedup_ci90, result.timing_trust = trust(result.sizes, result.speedup,
                                                          measured, shared)
+        if result.timing_trust == "ok" and blurred_by_skew(result.sizes, result.clock_skew_us):
+            result.timing_trust = "noisy"

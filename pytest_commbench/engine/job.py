@@ -10,12 +10,13 @@ import os
 import re
 import shutil
 import socket
+import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
-from .. import build, cupti_guard, interposer, jobfiles, nodes, observer, sandbox
+from .. import build, cluster, cupti_guard, interposer, jobfiles, nodes, observer, sandbox
 from ..build import ALWAYS_FORBIDDEN_C, native_forbid, task_forbid
 from ..launch import SINGLE_NODE_BTL, Job, JobResult, find_mpiexec, mpi_env
 from ..rank import protocol
@@ -142,16 +143,22 @@ def sanitizer_findings(out: Path, world: int, tool: str) -> tuple[str, str] | No
 def run_job(plan: Plan, artifact: Path, job_dir: Path, timed: bool,
             trials: bool = True, sanitize: str | None = None) -> Outcome:
     """The job runner: one job of ranks running every case of the plan (see `JobRunner`)."""
-    out, code, job_file = write_job(plan, artifact, job_dir, trials, sanitize)
+    spanning = nodes.spans(plan.nodes)  # through a node agent on each node (cluster.py)
+    name = cluster.job_name(job_dir) if spanning else None
+    out, code, job_file = write_job(plan, artifact, job_dir, trials, sanitize, name)
     env = job_env(plan, job_dir, out, code, sanitize)
     argv = job_argv(plan, job_dir, job_file, env, out, sanitize)
-    obs = job_observer(plan, job_dir, timed, trials, sanitize)
     outcome = Outcome(Verdict.PASS)
     failure: Exception | None = None
     misplaced: str | None = None  # where the ranks landed, where not where they were asked
-    job = Job(argv, job_dir, plan.deadline, env=env)
+    began = time.monotonic()
+    obs = job_observer(plan, job_dir, timed, trials, sanitize, name)
+    job: Job | None = None
+    agents: Job | None = None
     try:
-        began = time.monotonic()
+        if spanning:
+            agents = start_agents(plan, job_dir, code, obs.rk)
+        job = Job(argv, job_dir, plan.deadline, env=env)
         obs.connect(job)
         sandbox.ranks_up(job.proc, argv)  # a broker of remote starts starts no more
         connected = time.monotonic()
@@ -166,18 +173,23 @@ def run_job(plan: Plan, artifact: Path, job_dir: Path, timed: bool,
     except Exception as exc:  # judged below, once every rank's last words are read
         failure = exc
     finally:
-        result = _end_job(plan, obs, job, out)
-    _judge_ending(outcome, failure, obs.loaded, result, plan.deadline, misplaced)
+        result = _end_job(plan, obs, job, out, agents)
+    # an agent that ended is a fact outside the solution's reach, whatever the ranks said
+    outside = misplaced or getattr(obs.rk, "broken", None)
+    _judge_ending(outcome, failure, obs.loaded, result, plan.deadline, outside)
     outcome.output, outcome.seconds = result.output, result.seconds
     outcome.batches = obs.batches
     outcome.hosts = list(obs.hosts)
+    if spanning:
+        outcome.clock_skew_us = obs.rk.clock_skew_us()
     return _with_evidence(outcome, result, out, plan, obs.loaded, sanitize)
 
 
 def write_job(plan: Plan, artifact: Path, job_dir: Path, trials: bool,
-              sanitize: str | None) -> tuple[Path, Path, Path]:
+              sanitize: str | None, agent_name: str | None = None) -> tuple[Path, Path, Path]:
     """A fresh job folder: the solution staged, the job's spec written for its ranks; its
-    outputs' folder, the code folder and the job file."""
+    outputs' folder, the code folder and the job file. `agent_name`: a job over several
+    nodes, its ranks served by node agents (their node-local socket named after it)."""
     task, platform, settings = plan.task, plan.platform, plan.settings
     if job_dir.exists():
         shutil.rmtree(job_dir)
@@ -192,6 +204,7 @@ def write_job(plan: Plan, artifact: Path, job_dir: Path, trials: bool,
         out=str(out), scratch=str(scratch), job_dir=str(job_dir.resolve()), nccl_lib=libs,
         deadline_s=plan.deadline, ranks_per_gpu=platform.ranks_per_gpu,
         spans_nodes=nodes.spans(plan.nodes),
+        agent_socket=cluster.agent_socket(job_dir) if agent_name else None,
         stress=trials and settings.stress > 1 and not sanitize,
         cases=[{"id": c.id, "args": c.args, "params": c.params} for c in plan.cases])
     job_file = job_dir / "ro" / protocol.JOB_FILE
@@ -256,9 +269,10 @@ def job_argv(plan: Plan, job_dir: Path, job_file: Path, env: dict[str, str], out
 
 
 def job_observer(plan: Plan, job_dir: Path, timed: bool, trials: bool,
-                 sanitize: str | None) -> observer.Observer:
+                 sanitize: str | None, agent_name: str | None = None) -> observer.Observer:
     """The observer of the job's ranks, with the plan's timing settings and inputs drawn from
-    the job's own seed."""
+    the job's own seed; `agent_name`: a job over several nodes, its ranks reached through
+    their nodes' agents (`cluster.RemoteRanks`)."""
     task, platform, settings = plan.task, plan.platform, plan.settings
     obs_settings = observer.Settings(
         reps=settings.reps, max_reps=settings.max_reps, timing_budget=settings.timing_budget,
@@ -271,10 +285,59 @@ def job_observer(plan: Plan, job_dir: Path, timed: bool, trials: bool,
     # batches of calls: Python solutions on the host backend; on a GPU (a device buffer set,
     # a compiled solution's context and its IPC mappings per call) where asked for
     batch = platform.batches(task, settings.gpu_batch)
+    remote = None
+    if agent_name:
+        def remote(obs):
+            return cluster.RemoteRanks(obs, job_dir, plan.world, platform.staged, plan.nodes,
+                                       agent_name)
     return observer.Observer(job_dir, plan.world, plan.op, obs_settings, rng,
                              staged=platform.staged, timed=timed, trials=trials,
                              batch=batch,
-                             batches=dict(plan.batches) if plan.batches else None)
+                             batches=dict(plan.batches) if plan.batches else None,
+                             remote=remote)
+
+
+#: seconds the node agents have to connect and prove the job's key
+AGENTS_START_S = 60.0
+
+
+def agent_argv(plan: Plan, agent_file: Path) -> list[str]:
+    """The agent step: one node agent per node of the plan's layout, started by the job's
+    launcher with the options the rank step gets (`nodes.agent_command`)."""
+    from ..launch import mpi_version, output_options
+
+    placement = plan.platform.node_placement or nodes.Placement(
+        tuple(nodes.Node(n) for n in dict.fromkeys(plan.nodes)))
+    flavour = "mpich" if re.search(r"HYDRA|MPICH", mpi_version(), re.I) else "openmpi"
+    program = [sys.executable, "-m", "commbench_rank.agent", str(agent_file)]
+    names = list(dict.fromkeys(plan.nodes))
+    (agent_file.parent / "agents.hosts").write_text(nodes.ranks_text(names))
+    return nodes.agent_command(placement.launcher, list(dict.fromkeys(plan.nodes)), program,
+                               agent_file.parent / "agents.hosts", mpiexec=find_mpiexec(),
+                               flavour=flavour, output=output_options())
+
+
+def start_agents(plan: Plan, job_dir: Path, code: Path, hub: cluster.RemoteRanks) -> Job:
+    """Start the agent step (outside any sandbox: the agents reach the controller and their
+    node's ranks) and wait until every agent has connected and proved the job's key; the
+    key travels in the step's environment alone. JobEnded (infra_error) where they do not."""
+    agent_file = hub.write_spec()
+    env = {**mpi_env(), "PYTHONPATH": str(code), **hub.agent_env()}
+    if env.get("OMPI_MCA_btl") == SINGLE_NODE_BTL:
+        del env["OMPI_MCA_btl"]
+    agents = Job(agent_argv(plan, agent_file), job_dir, plan.deadline + AGENTS_START_S,
+                 env=env, log=job_dir / "agents.log")
+    try:
+        hub.meet_agents(agents, time.monotonic() + AGENTS_START_S)
+    except observer.JobEnded as exc:  # what the agents' step said, for the message's detail
+        hub.close()
+        ended = agents.finish()
+        raise observer.JobEnded(exc.verdict, exc.message, ended.output[-3000:]) from None
+    except BaseException:
+        hub.close()
+        agents.finish()
+        raise
+    return agents
 
 
 def _run_cases(plan: Plan, obs: observer.Observer, job: Job, outcome: Outcome,
@@ -313,19 +376,36 @@ def _job_ended(outcome: Outcome, exc: observer.JobEnded, placed: list[str] | Non
             "docs/cluster-design.md says what serves ranks on real nodes")]))
 
 
-def _end_job(plan: Plan, obs: observer.Observer, job: Job, out: Path) -> JobResult:
-    """The job ended (killed where it lingers) and every rank's last words read; its result."""
-    obs.end(len(plan.cases))
-    result = job.finish()
+def _end_job(plan: Plan, obs: observer.Observer, job: Job | None, out: Path,
+             agents: Job | None = None) -> JobResult:
+    """The job ended (killed where it lingers) and every rank's last words read; its result.
+    A job over several nodes: then its node agents told to stop, their step ended too."""
+    try:
+        obs.end(len(plan.cases))
+    except observer.JobEnded:  # an agent already gone: nothing to tell it
+        pass
+    if job is not None:
+        result = job.finish()
+    else:  # the agents never all came: no rank was started
+        result = JobResult(None, False, 0.0, "")
     try:
         # whether a rank began to load the solution decides who is to blame: read all
         # the ranks said before the job ended, not only what the observer had read
         obs.settle()
     finally:
         obs.close()
+        if agents is not None:
+            agents.end = min(agents.end, time.monotonic() + AGENTS_END_S)
+            agents.wait()
+            ended = agents.finish()
+            if job is None:
+                result = ended
         if plan.settings.unsandboxed:  # a sandbox's daemons die with it; here one may be left
             plan.platform.reap(out)
     return result
+
+
+AGENTS_END_S = 5.0  # seconds the agents have to end after STOP
 
 
 def _judge_ending(outcome: Outcome, failure: Exception | None, loaded: bool, result: JobResult,

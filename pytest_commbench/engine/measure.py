@@ -244,3 +244,16 @@ def trust(sizes: list[Size], value: float | None,
     level = ("shared" if shared else "contended" if load is not None and load.contended else
              "noisy" if measured.imprecise else "ok")
     return ci90, level
+
+
+SKEW_FACTOR = 10  # a call shorter than this many times a node's clock uncertainty is noisy
+
+
+def blurred_by_skew(sizes: list[Size], skew_us: dict[str, float] | None) -> bool:
+    """Whether a job over several nodes timed a size whose call lasts less than SKEW_FACTOR
+    times the largest uncertainty of a node's clock offset: the gates of such a call open
+    with a spread comparable to the call itself (`clock_skew_us`; each rank's done - gate is
+    on its own node's clock, but the gates are opened from the controller's)."""
+    worst = max((skew_us or {}).values(), default=0.0)
+    return worst > 0 and any(min(s.t_ref_us, s.t_sol_us) < SKEW_FACTOR * worst
+                             for s in sizes if s.t_ref_us and s.t_sol_us)

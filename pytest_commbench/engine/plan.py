@@ -33,6 +33,8 @@ class Outcome:
     phases_s: tuple[float, float, float] | None = None
     # each rank's host, as it said when it connected (None: it never did)
     hosts: list[str | None] | None = None
+    # a job over several nodes: each node's clock offset's uncertainty (microseconds)
+    clock_skew_us: dict[str, float] | None = None
 
 
 class InfraError(Exception):

@@ -37,6 +37,7 @@ from .protocol import (
     W,
     batch_sets,
     guard_file,
+    on_this_host,
     read_feed,
     socket_address,
     stack_file,
@@ -154,7 +155,9 @@ def main(argv: list[str]) -> int:
     rank = world_rank()
     status = Status(Path(job.out) / status_file(rank))
     try:
-        link = Link(job.job_dir, rank)
+        # a job over several nodes: its node's agent serves it (the socket's folder)
+        link = Link(os.path.dirname(on_this_host(job.agent_socket))
+                    if job.agent_socket else job.job_dir, rank)
     except OSError as exc:
         status.update(error=f"could not reach the observer: {exc}")
         return 4

@@ -50,6 +50,7 @@ import json
 import math
 import mmap
 import os
+import socket
 from dataclasses import asdict, dataclass, field, fields
 
 import numpy as np
@@ -62,6 +63,8 @@ INFO_AT = 256  # byte offset of the JSON area
 ALIGN = 256
 
 SOCKET = "ctl.sock"
+# the word a rank's harness answers each of the observer's steps with
+STEP_ANSWER = {"prep": "ready", "gate": "done", "fetch": "saved"}
 FEED_BYTES = 1 << 20  # a rank's feed (pipe) capacity asked for; what a batch's inputs may take
 
 # -- the rest of the job's contract, spelled once for both wings -------------------------------
@@ -135,6 +138,9 @@ class JobSpec:
     # (over a network, a sender's last data may still wait in its MPI's queue when its call
     # returns; a rank asleep outside MPI would never send it, and its peer would hang)
     spans_nodes: bool = False
+    # a job over several nodes: the node-local path of the socket this rank's node agent
+    # serves (None: the observer's, in `job_dir`)
+    agent_socket: str | None = None
     # the observer makes calls back to back with holds (the stress phase): a device rank
     # readies its device hold before the solution is loaded
     stress: bool = False
@@ -298,9 +304,136 @@ def poison_value(dtype: np.dtype | str):
     return 0
 
 
+def on_this_host(template: str) -> str:
+    """A path of a job over nodes with `{host}` made this node's: its short host name, as the
+    node's agent and its ranks both see it."""
+    return template.replace("{host}", socket.gethostname().split(".", 1)[0].lower())
+
+
 def socket_address(folder: str) -> tuple[str, int]:
     """A short address for the socket in `folder` (Unix socket paths are limited to 108
     bytes): through an O_PATH descriptor of the folder. Returns (address, descriptor); the
     caller closes the descriptor once bound or connected."""
     fd = os.open(folder, os.O_PATH | os.O_DIRECTORY)
     return f"/proc/self/fd/{fd}/{SOCKET}", fd
+
+
+CONTROL_BYTES = 1 << 16
+class Rank:
+    def __init__(self, conn: socket.socket, number: int) -> None:
+        self.conn, self.number = conn, number
+        self.ctl_fd = memfd(f"commbench-ctl-{number}", CONTROL_BYTES)
+        self.ctl = Control(self.ctl_fd)
+        self.data_fd = -1
+        self.data = None
+        # the rank's wake-up call: a byte after every word the observer sets for it, so a
+        # rank that waits long sleeps in the kernel instead of spinning
+        self.wake_r, self.wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        # a batch's inputs, call after call (protocol.py): the rank reads, the observer writes
+        self.feed_r, self.feed_w, self.feed_bytes = feed_pipe()
+        self.data_bytes = 0
+        self.buffer = b""
+        self.placed: list[list] = []
+        self.fed: list = []  # a batch's inputs per call (name, shape, dtype), as last laid out
+
+    @classmethod
+    def greeted(cls, conn: socket.socket, number: int, bell: int) -> Rank:
+        """Rank `number`, whose harness said hello on `conn`: handed its control page, data
+        segment, the observer's doorbell (`bell`), its wake-up pipe and its feed's read end."""
+        rank = cls(conn, number)
+        rank.grow(1 << 16)
+        socket.send_fds(conn, [json.dumps({"data_bytes": rank.data_bytes}).encode()],
+                        [rank.ctl_fd, rank.data_fd, bell, rank.wake_r, rank.feed_r])
+        os.close(rank.feed_r)  # the rank's end alone
+        rank.feed_r = -1
+        conn.setblocking(False)
+        return rank
+
+    def grow(self, size: int) -> None:
+        """A data segment of at least `size` bytes (a new memory file, sent to the rank)."""
+        import mmap
+
+        size = max(size, 4096)
+        if self.data_fd >= 0:
+            os.close(self.data_fd)
+        self.data_fd = memfd(f"commbench-data-{self.number}", size)
+        self.data = mmap.mmap(self.data_fd, size)
+        self.data_bytes = size
+
+    def set(self, word: str, value: int) -> None:
+        self.ctl.set(word, value)
+        try:
+            os.write(self.wake_w, b"!")
+        except (BlockingIOError, OSError):  # full (the rank is awake anyway) or closed
+            pass
+
+    def read(self) -> tuple[int, list]:
+        """What the rank said on its socket (one read): the bytes read, and the messages whose
+        lines are whole now (a line too long for the harness's short messages, or one that is
+        no JSON, is passed over)."""
+        try:
+            data = self.conn.recv(65536)
+        except OSError:
+            data = b""
+        if not data:
+            return 0, []
+        self.buffer = (self.buffer + data)[-65536:]
+        messages = []
+        while b"\n" in self.buffer:
+            line, self.buffer = self.buffer.split(b"\n", 1)
+            if len(line) > 1024:  # the harness's messages are short: nothing to read
+                continue
+            try:
+                messages.append(json.loads(line))
+            except Exception:  # noqa: BLE001 - whatever a rank sends, the observer lives
+                continue
+        return len(data), messages
+
+    def describe(self, placed: list, size: int, feed: list, info: dict, version: int) -> None:
+        """Describe a call's buffers on the control page (layout `version`, `info` the rest
+        of what it says of the call) and poison its outputs; a segment too small for them is
+        replaced by a bigger one, sent to the rank."""
+        remap = size > self.data_bytes
+        if remap:
+            self.grow(size * 2)
+        self.placed = placed
+        self.fed = feed
+        v = views(self.data, placed)
+        inputs = {e[0] for e in placed if e[1] == "in"}
+        for name, kind, _shape, _dtype, _off in placed:
+            if kind == "out" and name not in inputs:
+                v[name].fill(poison_value(v[name].dtype))
+        info = {"layout": placed, **info}
+        if remap:
+            info["remap"] = self.data_bytes
+        self.ctl.write_info(info)
+        self.ctl.set("layout_version", version)
+        if remap:
+            socket.send_fds(self.conn, [b"{}"], [self.data_fd])
+
+    def put(self, arrays) -> None:
+        """A single call's inputs, (name, values) each, into the segment at their places."""
+        v = views(self.data, self.placed)
+        for name, value in arrays:
+            v[name][...] = value
+
+    def feed(self, data: bytes) -> None:
+        """A batch's inputs, every call's in order, into the rank's feed."""
+        wrote = os.write(self.feed_w, data) if data else 0
+        if wrote != len(data):  # the last batch's inputs were not all read
+            raise RuntimeError(f"rank {self.number}'s feed took {wrote} of {len(data)} bytes")
+
+    def outputs(self, names) -> dict[str, np.ndarray]:
+        """A copy of the outputs `names` of a single call, as they are in the segment now."""
+        return {n: np.array(a) for n, a in views(self.data, self.placed).items() if n in names}
+
+    def close(self) -> None:
+        for fd in (self.ctl_fd, self.data_fd, self.wake_r, self.wake_w, self.feed_r,
+                   self.feed_w):
+            if fd >= 0:
+                os.close(fd)
+        self.ctl_fd = self.data_fd = self.wake_r = self.wake_w = self.feed_r = self.feed_w = -1
+        try:
+            self.conn.close()
+        except OSError:
+            pass

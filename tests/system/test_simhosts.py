@@ -210,6 +210,10 @@ def test_a_rig_whose_maker_is_killed_goes_with_it(tmp_path):
 
 def _span(bench, rig: simhosts.SimHosts, *args: str, hostfile: Path | None = None):
     launcher = shlex.join([str(rig.launcher()), *rig.mpi_options()])
+    # the controller's port for the node agents, made on h1 (the controller is outside
+    # the rig's network, as a login node may be outside a cluster's)
+    for name, value in rig.controller_env().items():
+        bench.pytester._monkeypatch.setenv(name, value)
     return bench.pytester.runpytest_subprocess(
         "suites", "-p", "no:cacheprovider", "--platform=cpu", "--commbench-unsandboxed",
         f"--commbench-launcher={launcher}", f"--commbench-hostfile={hostfile or rig.hostfile}",
@@ -235,6 +239,9 @@ def test_an_item_with_a_rank_on_each_host_passes_and_its_record_names_them(bench
     (record,) = bench.records()
     assert record["verdict"] == "pass", record["message"]
     assert record["hosts"] == ["h1", "h2"]
+    # through a node agent on each host, each one's clock measured (one kernel: the same)
+    assert set(record["clock_skew_us"]) == {"h1", "h2"}, record
+    assert all(0 <= v < 1e6 for v in record["clock_skew_us"].values())
     assert _quiet(sim_hosts) == []
     # its mutants are rejected across the hosts as on one
     result = _span_sandboxed(bench, sim_hosts, "--commbench-model=mutants")
@@ -566,3 +573,155 @@ def test_a_hanging_item_over_the_hosts_is_killed_at_its_deadline_and_leaves_noth
     assert record["hosts"] == ["h1", "h2"]
     # the job's session killed: every host's sandbox with it, the second host's included
     assert _quiet(sim_hosts) == [], "processes left on the hosts"
+
+
+# -- the node agents (docs/cluster-design.md, "Part 2") ---------------------------------------
+
+def _hanging_pingpong() -> str:
+    """The reference ping-pong with its region replaced: each rank waits for a message its
+    peer never sends (the test kills an agent meanwhile)."""
+    text = (Path(__file__).parents[2] / "references/p2p/pingpong/solution.py").read_text()
+    head, rest = text.split("    # >>> COMMBENCH EDIT pingpong\n")
+    _body, tail = rest.split("    # <<< COMMBENCH EDIT\n")
+    return (head + "    # >>> COMMBENCH EDIT pingpong\n"
+            "    comm.Recv(recvbuf, source=1 - comm.Get_rank(), tag=99)\n"
+            "    # <<< COMMBENCH EDIT\n" + tail)
+
+
+def _agents_on(rig: simhosts.SimHosts, host: str) -> list[int]:
+    """The pids (this process's view) of the node agents running on `host`."""
+    found = []
+    for pid in rig.processes(host):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                argv = f.read().split(b"\0")
+        except OSError:
+            continue
+        if b"commbench_rank.agent" in argv:
+            found.append(pid)
+    return found
+
+
+@pytest.mark.parametrize("sig, why", [(signal.SIGKILL, "closed the connection"),
+                                      (signal.SIGSTOP, "nothing heard from it")],
+                         ids=["killed", "silent"])
+def test_a_killed_agent_ends_the_item_as_infra_error_and_leaves_nothing(bench, sim_hosts,
+                                                                         tmp_path, sig, why):
+    """The agent on h2 killed, or stopped (silent past the heartbeats' bound), while the
+    ranks are in a call: the item is an infra_error saying so (whatever the ranks did), in
+    its retry too, and nothing is left on either host."""
+    bench.add_task("p2p/pingpong", ranks=2)
+    answers = tmp_path / "answers"
+    (answers / "p2p" / "pingpong").mkdir(parents=True)
+    (answers / "p2p" / "pingpong" / "solution.py").write_text(_hanging_pingpong())
+    launcher = shlex.join([str(sim_hosts.launcher()), *sim_hosts.mpi_options()])
+    env = {**os.environ, **sim_hosts.controller_env(), "PYTHONPATH": os.pathsep.join(
+        filter(None, [str(Path(__file__).parents[2]), os.environ.get("PYTHONPATH")]))}
+    run = subprocess.Popen(
+        [sys.executable, "-m", "pytest", "suites", "-p", "no:cacheprovider", "--platform=cpu",
+         "--commbench-unsandboxed", f"--commbench-launcher={launcher}",
+         f"--commbench-hostfile={sim_hosts.hostfile}", "--commbench-ranks-per-node=1",
+         f"--commbench-model=dir:{answers}"],
+        cwd=bench.root, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 240
+        killed: set[int] = set()
+        while time.monotonic() < deadline and run.poll() is None:
+            # once the ranks are in the call (the solution loaded), the agent on h2 goes; in
+            # the item's retry (an infra_error is retried once) as well
+            if any("case" in p.read_text(errors="replace")
+                   for p in bench.root.glob("runs/*/work/**/out/status_r1.json")):
+                for pid in set(_agents_on(sim_hosts, "h2")) - killed:
+                    os.kill(pid, sig)
+                    killed.add(pid)
+            time.sleep(0.05)
+        assert killed, "no agent was seen on h2"
+        out, _ = run.communicate(timeout=120)
+    finally:
+        if run.poll() is None:
+            run.kill()
+            run.communicate()
+    (record,) = [r for r in bench.records() if r["event"] == "result"] or [None]
+    assert record is not None, out.decode(errors="replace")[-3000:]
+    assert record["verdict"] == "infra_error", record
+    assert record["message"].startswith("the agent on node h2 ended"), record["message"]
+    assert why in record["message"]
+    assert _quiet(sim_hosts) == []
+
+
+FORGER = r"""
+import json, os, socket, struct, sys
+sock = socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=10)
+head = sock.recv(4096)  # the controller's challenge
+length, code, hlen = struct.unpack("!IBI", head[:9])
+said = json.loads(head[9:9 + hlen])
+mode = sys.argv[3]
+if mode == "forged":  # a HELLO framed as an agent's, made with a key of its own
+    sys.path.insert(0, sys.argv[4])
+    from pytest_commbench.rank import wire
+    ch = wire.Channel(sock, os.urandom(32), "agent", "the controller")
+    ch.nonce = bytes.fromhex(said["nonce"]); ch.got = 1
+    ch.send("HELLO", {"node": 1, "nonce": os.urandom(32).hex(),
+                      "answer": wire.answer(os.urandom(32), ch.nonce, "x", 1)})
+elif mode == "garbage":
+    sock.sendall(b"GET / HTTP/1.0\r\n\r\n")
+# (silent: says nothing at all)
+try:
+    rest = sock.recv(4096)
+except socket.timeout:
+    rest = b"(still open)"
+print("CLOSED" if rest == b"" else f"ANSWERED {rest[:40]!r}", flush=True)
+"""
+
+
+@pytest.mark.parametrize("mode", ["forged", "garbage", "silent"])
+def test_a_connection_without_the_job_s_key_is_refused(sim_hosts, tmp_path, monkeypatch,
+                                                        mode):
+    """The controller's port for the agents, reached from h2 over the hosts' network by a
+    process without the job's key: its HELLO forged with another key, bytes that are no
+    frame, or silence past the handshake's time; each connection is closed unread and no
+    agent is admitted."""
+    from types import SimpleNamespace
+
+    from pytest_commbench import cluster
+
+    for name, value in sim_hosts.controller_env().items():
+        monkeypatch.setenv(name, value)
+    job_dir = tmp_path / "job"
+    (job_dir / "ro").mkdir(parents=True)
+    hub = cluster.RemoteRanks(SimpleNamespace(), job_dir, 2, False, ["h1", "h2"], "job-x")
+    script = tmp_path / "forger.py"
+    script.write_text(FORGER)
+    try:
+        forger = subprocess.Popen(
+            sim_hosts.command("h2", [sys.executable, str(script), hub.address, str(hub.port),
+                                     mode, str(Path(__file__).parents[2])]),
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=tmp_path)
+        deadline = time.monotonic() + 30
+        while forger.poll() is None and time.monotonic() < deadline:
+            hub._admit()
+            time.sleep(0.01)
+        out, _ = forger.communicate(timeout=30)
+    finally:
+        hub.close()
+    assert out.decode().strip().endswith("CLOSED"), out.decode()
+    assert hub.agents == {}
+    assert _quiet(sim_hosts) == []
+
+
+@pytest.mark.parametrize("cheat", ["early_done_thread", "frame_gc_introspection",
+                                   "crash_controller_memfd", "forge_timing_files"])
+def test_cheats_are_caught_through_the_agents_as_on_one_node(bench, sim_hosts, cheat):
+    """Cheats that race the observer (an early "done", the harness's own word written, a
+    segment truncated, forged status files) with a rank on each host: the agents catch them
+    as the observer does on one node (the verdict the cheat's folder expects)."""
+    import tomllib
+
+    folder = Path(__file__).parents[2] / "fixtures" / "cheats" / cheat
+    spec = tomllib.loads((folder / "cheat.toml").read_text())
+    bench.add_task(spec["task"], ranks=2)
+    _span(bench, sim_hosts, f"--commbench-model=dir:{folder}")
+    (record,) = bench.records()
+    assert record["verdict"] in spec["expect"], (record["verdict"], record["message"])
+    assert record["hosts"] == ["h1", "h2"] and set(record["clock_skew_us"]) == {"h1", "h2"}
+    assert _quiet(sim_hosts) == []

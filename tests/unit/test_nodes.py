@@ -221,6 +221,28 @@ def test_flux_run_maps_ranks_to_hosts_through_its_hostfile_taskmap():
                     "--requires=host:f1,f2", "--taskmap=hostfile:/j/ro/ranks.hosts", *PROGRAM]
 
 
+AGENT = ["python", "-m", "commbench_rank.agent", "/j/ro/agent.json"]
+
+
+def test_the_agent_step_starts_one_agent_per_node_with_the_launchers_own_options():
+    argv = nodes.agent_command(Launcher("mpirun", None, ("--bind-to", "none")), ["h1", "h2"],
+                               AGENT, "/j/ro/agents.hosts", mpiexec="/venv/bin/mpiexec",
+                               output=("--output", ":raw"))
+    assert argv == ["/venv/bin/mpiexec", "--output", ":raw", "--bind-to", "none", "-n", "2",
+                    "--host", "h1:1,h2:1", "--map-by", "slot", *AGENT]
+    mpich = nodes.agent_command(Launcher("mpirun"), ["a", "b"], AGENT, "f", mpiexec="m",
+                                flavour="mpich")
+    assert mpich == ["m", "-n", "2", "-hosts", "a:1,b:1", *AGENT]
+    # srun: a step beside the ranks' (--overlap), one task a node, no PMI (no MPI program)
+    srun = nodes.agent_command(Launcher("srun", "srun", ("--mpi=pmix", "-p", "gpu")),
+                               ["n1", "n2"], AGENT, "f")
+    assert srun == ["srun", "-p", "gpu", "--overlap", "--mpi=none", "-n", "2", "-N", "2",
+                    "--ntasks-per-node=1", "--nodelist=n1,n2", *AGENT]
+    flux = nodes.agent_command(Launcher("flux", "flux", ()), ["f1", "f2"], AGENT, "/j/h")
+    assert flux == ["flux", "run", "-n", "2", "-N", "2", "--tasks-per-node=1",
+                    "--requires=host:f1,f2", "--taskmap=hostfile:/j/h", *AGENT]
+
+
 def test_a_platform_with_a_placement_launches_through_it_and_writes_the_ranks_file(tmp_path):
     platform = make("cpu")
     job = tmp_path / "ro" / "job.json"
