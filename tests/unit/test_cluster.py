@@ -28,6 +28,7 @@ from pytest_commbench.observer import JobEnded, Observer, Settings, WrongAnswer
 from pytest_commbench.rank import wire
 from pytest_commbench.rank.backends import HostBackend
 from pytest_commbench.rank.harness import Calls, Link
+from pytest_commbench.rank.protocol import on_this_host
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -74,7 +75,7 @@ def through_agent(tmp_path: Path, world: int, op, staged: bool, monkeypatch, nam
             agent.kill()
             agent.wait()
         agent.stderr.close()
-        folder = Path(cluster.agent_socket(job_name)).parent
+        folder = Path(on_this_host(cluster.agent_socket(job_dir))).parent
         if agent.returncode == 0:  # an agent that stopped removed its socket and folder
             assert not folder.exists()
         shutil.rmtree(folder, ignore_errors=True)  # (a killed one could not)
@@ -87,7 +88,7 @@ def ranks(obs: Observer, case, staged: bool, solution_for, forge: int | None = N
     world = obs.world
     failures: list[BaseException] = []
     links: list[Link] = []
-    folder = os.path.dirname(cluster.agent_socket(obs.rk.name))
+    folder = os.path.dirname(on_this_host(cluster.agent_socket(obs.rk.job_dir)))
 
     def rank_main(rank: int) -> None:
         try:
