@@ -143,7 +143,10 @@ def sanitizer_findings(out: Path, world: int, tool: str) -> tuple[str, str] | No
 def run_job(plan: Plan, artifact: Path, job_dir: Path, timed: bool,
             trials: bool = True, sanitize: str | None = None) -> Outcome:
     """The job runner: one job of ranks running every case of the plan (see `JobRunner`)."""
-    spanning = nodes.spans(plan.nodes)  # through a node agent on each node (cluster.py)
+    # through a node agent on each node (cluster.py); a job whose buffers live on GPUs keeps
+    # the one observer for now (every rank's inputs would cross the network each call: a
+    # 256 MiB case of 4 ranks timed out on the H200; docs/cluster-design.md)
+    spanning = nodes.spans(plan.nodes) and not plan.platform.staged
     name = cluster.job_name(job_dir) if spanning else None
     out, code, job_file = write_job(plan, artifact, job_dir, trials, sanitize, name)
     env = job_env(plan, job_dir, out, code, sanitize)
@@ -177,6 +180,8 @@ def run_job(plan: Plan, artifact: Path, job_dir: Path, timed: bool,
     # an agent that ended is a fact outside the solution's reach, whatever the ranks said
     outside = misplaced or getattr(obs.rk, "broken", None)
     _judge_ending(outcome, failure, obs.loaded, result, plan.deadline, outside)
+    if spanning and getattr(obs.rk, "broken", None):  # what the agents said of their end
+        outcome.detail = "\n".join(filter(None, [outcome.detail, _agents_said(job_dir)]))
     outcome.output, outcome.seconds = result.output, result.seconds
     outcome.batches = obs.batches
     outcome.hosts = list(obs.hosts)
@@ -364,6 +369,15 @@ def _wrong_answer(outcome: Outcome, exc: observer.WrongAnswer) -> None:
     more = exc.errors[1:MAX_MESSAGES]
     outcome.detail = "\n".join(more + ([f"... {len(exc.errors) - MAX_MESSAGES} more"]
                                        if len(exc.errors) > MAX_MESSAGES else []))
+
+
+def _agents_said(job_dir: Path, limit: int = 3000) -> str:
+    """The tail of the node agents' output (their step's log in the job's folder)."""
+    try:
+        text = (job_dir / "agents.log").read_text(errors="replace").strip()
+    except OSError:
+        return ""
+    return f"the node agents' output (its end):\n{text[-limit:]}" if text else ""
 
 
 def _job_ended(outcome: Outcome, exc: observer.JobEnded, placed: list[str] | None) -> None:
