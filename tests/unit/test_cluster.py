@@ -95,10 +95,10 @@ def ranks(obs: Observer, case, staged: bool, solution_for, forge: int | None = N
             link = Link(folder, rank)
             links.append(link)
             calls = Calls(link, StagedHost() if staged else HostBackend(), solution_for(rank))
-            link.say(phase="loading")
-            if forge == rank:
+            if forge == rank:  # (before its word: the gate cannot have opened yet)
                 link.ctl.set("done", 1)
                 link.ring()
+            link.say(phase="loading")
             ctx = SimpleNamespace(rank=rank, world_size=world)
             calls.case(1, {"id": case.id, "args": case.args, "params": case.params}, ctx)
         except BaseException as exc:  # noqa: BLE001 - the test reports it
