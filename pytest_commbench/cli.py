@@ -438,12 +438,11 @@ def cmd_include(args: argparse.Namespace) -> int:
 def cmd_compile(args: argparse.Namespace) -> int:
     """Build every CUDA template, reference and mutant with the hidden recipe (what CI can do
     without a GPU): templates and references must build and pass `forbid`; mutants must build."""
+    import contextlib
     import dataclasses
     import tempfile
 
-    from .mutants import MutantError, mutants
     from .platforms import PROFILES, platform_of
-    from .verdicts import Rejected, Verdict
 
     # the door an item's build goes through: the platform's own build (its vendor's
     # toolchain), for the profile's architecture or the one asked for
@@ -451,11 +450,20 @@ def cmd_compile(args: argparse.Namespace) -> int:
     if args.arch:
         profile = dataclasses.replace(profile, arch=args.arch)
     platform = platform_of(profile)
-    arch = profile.arch
+    # --cache: the folder a run's --commbench-build-cache names, filled ahead of the run; else
+    # a throw-away one, removed at the end (every build of a suite: some hundred MB)
+    with contextlib.ExitStack() as stack:
+        cache = Path(args.cache) if args.cache else Path(stack.enter_context(
+            tempfile.TemporaryDirectory(prefix="commbench-compile-")))
+        return _compile_all(args, platform, profile.arch, cache)
+
+
+def _compile_all(args: argparse.Namespace, platform, arch: str, cache: Path) -> int:
+    """`commbench compile`'s builds, into `cache`."""
+    from .mutants import MutantError, mutants
+    from .verdicts import Rejected, Verdict
+
     root, refs = Path(args.suites), Path(args.references)
-    failures: list[str] = []
-    # --cache: the folder a run's --commbench-build-cache names, filled ahead of the run
-    cache = Path(args.cache) if args.cache else Path(tempfile.mkdtemp(prefix="commbench-compile-"))
     work = []
     tasks, failures = load_suite(root)
     from .toolchains.nvidia import THUNDERKITTENS_ENV, thunderkittens_include, uses_thunderkittens

@@ -110,19 +110,25 @@ def test_an_unwritable_build_cache_is_a_usage_error(bench, tmp_path):
     ("h200", None, "nvidia.NvidiaPlatform"), ("mi325x", "gfx90a", "amd.AmdPlatform"),
     ("h200-hip", None, "nvidia.NvidiaPlatform")])
 def test_commbench_compile_builds_through_the_platforms_own_door(monkeypatch, capsys, platform,
-                                                                 arch, cls):
+                                                                 arch, cls, tmp_path):
     """`commbench compile` builds each source as an item would: the platform's `build` (its
     vendor's toolchain, for the profile's architecture or `--arch`), never a toolchain the
-    command picks itself."""
+    command picks itself; without `--cache` into a throw-away folder that is gone afterwards."""
     import importlib
+    import tempfile
 
     from pytest_commbench.cli import main
 
     module, name = cls.split(".")
     kind = getattr(importlib.import_module(f"pytest_commbench.platforms.{module}"), name)
-    seen = []
-    monkeypatch.setattr(kind, "build", lambda self, task, source, cache: seen.append(
-        (self.name, self.profile.arch, task.language)))
+    seen, caches = [], set()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+
+    def build(self, task, source, cache):
+        (cache / task.relpath.replace("/", "_")).write_text(source)  # what a build leaves
+        caches.add(cache)
+        seen.append((self.name, self.profile.arch, task.language))
+    monkeypatch.setattr(kind, "build", build)
     select = "flag_pingpong_hip" if platform != "h200" else "d2h_bounce_copy"
     args = ["compile", "suites", "--references", "references", "--platform", platform,
             "-k", select, "-j", "1"] + (["--arch", arch] if arch else [])
@@ -131,6 +137,8 @@ def test_commbench_compile_builds_through_the_platforms_own_door(monkeypatch, ca
     want_arch = arch or {"h200": "sm_90", "h200-hip": "sm_90", "mi325x": "gfx942"}[platform]
     assert len(seen) >= 3 and {s[:2] for s in seen} == {(platform, want_arch)}, seen
     assert "0 failed" in capsys.readouterr().out
+    (cache,) = caches
+    assert cache.parent == tmp_path and not cache.exists() and not list(tmp_path.iterdir())
 
 
 class _Keyed(Exception):
