@@ -12,11 +12,22 @@ import fcntl
 import json
 import os
 import shutil
+import signal
 from pathlib import Path
 
 import pytest
 
 pytest_plugins = ["pytester"]
+
+
+def pytest_configure(config):
+    """Ctrl-C as a terminal delivers it, whoever started the tests: a shell that starts a
+    command in the background without job control (`pytest ... &` in a script) hands it
+    SIGINT ignored, and every process it starts inherits that, so the tests that interrupt a
+    controller (test_compile_jail, test_plugin_jobs) would see it ignore them. The handler is
+    Python's own; the processes the tests start get the default and install it likewise."""
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 REPO = Path(__file__).resolve().parent.parent
 TASK = "collective/ring_allreduce"

@@ -4,6 +4,7 @@ an item's build, verdict, record, JUnit and summary run in-process in millisecon
     pytester.runpytest("suites", plugins=[FakeJobs()])            # every job passes
     FakeJobs(Verdict.WRONG_ANSWER, "c0: 3 of 8 elements differ")  # every solution job fails
     FakeJobs(times=lambda role, task, n: ...)                    # timed: seconds per call
+    FakeJobs(marked_verdicts={"raise X": (Verdict.RUNTIME_ERROR, "X")})  # an answer's verdict
 
 The item-level tests of policy (what the summary shows, what is recorded, what a verdict
 fails) use it; tests of what real ranks do stay with the real runner (tests/e2e)."""
@@ -44,6 +45,9 @@ class FakeJobs:
     # seconds per call of an answer whose built file holds the text (an answer's mark: a
     # model's slower reply, say), in place of `times`
     marked: dict[str, float] = field(default_factory=dict)
+    # the verdict and message of an answer whose built file holds the text (a model's failing
+    # reply, say), before `verdicts` and `verdict`
+    marked_verdicts: dict[str, tuple[Verdict, str]] = field(default_factory=dict)
 
     def pytest_commbench_job_runner(self, config):
         return self
@@ -62,15 +66,18 @@ class FakeJobs:
         self.ran.append((task, name, timed))
         role = "ref" if name.startswith("ref") or name == "warmup" else "sol"
         verdict = Verdict.PASS if role == "ref" else self.verdicts.get(task, self.verdict)
+        message = self.message
+        text = artifact.read_text(errors="replace") if artifact.is_file() else ""
+        if role == "sol":
+            verdict, message = next(((v, m) for mark, (v, m) in self.marked_verdicts.items()
+                                     if mark in text), (verdict, message))
         if verdict != Verdict.PASS:
-            return Outcome(verdict, self.message or f"{verdict} (a fake job)", self.detail,
+            return Outcome(verdict, message or f"{verdict} (a fake job)", self.detail,
                            output=self.output or f"{role} job {name}")
         count = sum(1 for t, n, _ in self.ran if t == task and
                     ("ref" if n.startswith("ref") or n == "warmup" else "sol") == role)
         t = self.times(role, task, count) if self.times else 1e-3
-        if self.marked and artifact.is_file():
-            text = artifact.read_text(errors="replace")
-            t = next((secs for mark, secs in self.marked.items() if mark in text), t)
+        t = next((secs for mark, secs in self.marked.items() if mark in text), t)
         calls = [Timing(t * (1 + 0.001 * i)) for i in range(5)]
         return Outcome(Verdict.PASS, times={c.id: list(calls) for c in plan.cases},
                        output=self.output or f"{role} job {name}", seconds=5 * t,

@@ -1,5 +1,7 @@
 """Agent mode (--commbench-agent=geak): generate -> evaluate -> reflect -> optimize, driven
-through the real SDK against the scripted loopback server (tests/llm_servers.py)."""
+through the real SDK against the scripted loopback server (tests/llm_servers.py). One loop runs
+real jobs (a real rank's error is the reflector's evidence); the rest judge the loop's policy
+on the fake job runner, where the template fails as a real rank would say it does."""
 
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ from fake_runner import FakeJobs
 from pytest_commbench import agent
 from pytest_commbench.models import prompt as prompts
 from pytest_commbench.tasks import load_task
+from pytest_commbench.verdicts import Verdict
 
 REPO = Path(__file__).resolve().parents[2]
 TASK = "collective/ring_allreduce"
@@ -30,6 +33,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 def _region(text: str) -> str:
     return re.search(r"    # >>> COMMBENCH EDIT allreduce\n.*?    # <<< COMMBENCH EDIT\n", text,
                      re.S).group(0)
+
+
+def _jobs(**kw) -> FakeJobs:
+    """The fake runner on which the template (its `raise NotImplementedError`) fails as its
+    real rank says it does (test_fail_reflect_pass_... runs it for real)."""
+    return FakeJobs(marked_verdicts={"raise NotImplementedError": (
+        Verdict.RUNTIME_ERROR, "rank 0 raised NotImplementedError: write the ring all-reduce "
+        "here")}, **kw)
 
 
 def _slow(seconds: float) -> str:
@@ -125,7 +136,7 @@ def test_optimize_keeps_a_faster_version_and_discards_a_slower_one(agentic):
     other load): what the agent makes of timings, whatever load this machine has."""
     agentic.timed(alone=False)
     script = [{"text": _slow(0.004)}, {"text": _region(REF)}, {"text": _slow(0.004)}]
-    jobs = FakeJobs(marked={"time.sleep(0.004)": 4e-3})
+    jobs = _jobs(marked={"time.sleep(0.004)": 4e-3})
     result, sent = _run(agentic, script, "--commbench-rounds=3",
                         "--commbench-timing-rounds=2", "--commbench-timing-max-rounds=2",
                         jobs=jobs)
@@ -149,7 +160,8 @@ def test_the_debugging_trap_restarts_from_a_fresh_generation(agentic):
     trap: the next generation is the first prompt again (no old code, no analysis)."""
     template = {"text": f"```python\n{TEMPLATE}```"}
     script = [template, {"text": ANALYSIS}, template, {"text": _region(REF)}]
-    _, sent = _run(agentic, script, "--commbench-rounds=4", "--commbench-max-debug=1")
+    _, sent = _run(agentic, script, "--commbench-rounds=4", "--commbench-max-debug=1",
+                   jobs=_jobs())
     record = _last(agentic)
     assert record["verdict"] == "pass" and record["round"] == 3, record["round_history"]
     assert len(sent) == 4 and sent[3] == sent[0] and ANALYSIS not in sent[3]
@@ -163,7 +175,7 @@ def test_k_agent_runs_the_best_passing_one_and_pass_at_k(agentic):
     script = [{"text": "I cannot do this."}, {"text": "no idea"}, {"text": "still nothing"},
               {"text": _region(REF)}]
     result, sent = _run(agentic, script, "--commbench-rounds=2", "--commbench-samples=2",
-                        "--commbench-temperature=0.7")
+                        "--commbench-temperature=0.7", jobs=_jobs())
     verdicts = {r["candidate"]: r["verdict"] for r in agentic.records()}
     assert verdicts == {"s0": "no_solution", "s1": "pass"}
     assert len(sent) == 4
@@ -176,7 +188,7 @@ def test_k_agent_runs_the_best_passing_one_and_pass_at_k(agentic):
 def test_an_outage_mid_run_keeps_the_finished_steps_and_a_rerun_goes_on(agentic):
     script = [{"text": f"```python\n{TEMPLATE}```"},
               {"status": 500, "headers": {"retry-after-ms": "1"}}]
-    result, _ = _run(agentic, script, "--commbench-rounds=3")
+    result, _ = _run(agentic, script, "--commbench-rounds=3", jobs=_jobs())
     record = _last(agentic)
     assert record["verdict"] == "infra_error", record["message"]
     assert "agent step 2 (reflect)" in record["message"]
@@ -185,13 +197,15 @@ def test_an_outage_mid_run_keeps_the_finished_steps_and_a_rerun_goes_on(agentic)
     assert (root / "01-generate" / "reply.md").is_file()
     assert (root / "01-generate" / "verdict-np2.json").is_file()
     assert not (root / "done.json").exists()
-    _, sent = _run(agentic, [{"text": ANALYSIS}, {"text": _region(REF)}], "--commbench-rounds=3")
+    _, sent = _run(agentic, [{"text": ANALYSIS}, {"text": _region(REF)}], "--commbench-rounds=3",
+                   jobs=_jobs())
     assert len(sent) == 2 and "## Reflection" in sent[0]  # step 1 replayed, not asked
     assert _last(agentic)["verdict"] == "pass"
 
 
 def test_knowledge_off_sends_the_direct_prompt(agentic):
-    _, sent = _run(agentic, [{"text": _region(REF)}], "--commbench-knowledge=off")
+    _, sent = _run(agentic, [{"text": _region(REF)}], "--commbench-knowledge=off",
+                   jobs=_jobs())
     task = load_task(agentic.root / "suites" / TASK / "task.toml", agentic.root / "suites")
     assert "Library notes" not in sent[0]
     assert sent[0].startswith(f"# {task.title}")
