@@ -445,8 +445,12 @@ class SimHosts:
             if keeper.stdout is not None:
                 keeper.stdout.close()
             _kill_session(keeper.pid)  # whatever of its session outlived it (nsenter)
+        # the kernel ends the rig's processes with its PID 1; those of a job's own sandbox
+        # (a PID namespace inside, the host's network) go a moment later
+        closed = time.clock_gettime(time.CLOCK_BOOTTIME)
         deadline = time.monotonic() + STOP_S
-        while self.pidns and time.monotonic() < deadline and _in_pidns(self.pidns):
+        while self.pidns and time.monotonic() < deadline and left_behind(
+                self.pidns, list(self.netns.values()), closed):
             time.sleep(0.05)
         if self.dir is not None:
             shutil.rmtree(self.dir, ignore_errors=True)
@@ -491,23 +495,14 @@ def _outer_pid(pidns: str, inner: int) -> int | None:
     return None
 
 
-def _in_pidns(pidns: str) -> list[int]:
-    found = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                if os.readlink(f"/proc/{entry}/ns/pid") == pidns:
-                    found.append(int(entry))
-            except OSError:
-                continue
-    return found
-
-
-def left_behind(pidns: str, netns: list[str]) -> list[str]:
+def left_behind(pidns: str, netns: list[str], before: float | None = None) -> list[str]:
     """What is left of a closed rig: every process in its PID namespace or in one of its
     hosts' network namespaces, as "PID (command)" (a network namespace, and the veth in it,
-    lives while a process is in it)."""
+    lives while a process is in it). `before` (CLOCK_BOOTTIME seconds, the rig's close): a
+    process started later is not the rig's, whatever namespace it is in (the kernel gives a
+    freed namespace's number to a new one: another rig's, made meanwhile)."""
     found = []
+    tick = os.sysconf("SC_CLK_TCK")
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
@@ -515,9 +510,14 @@ def left_behind(pidns: str, netns: list[str]) -> list[str]:
             if (os.readlink(f"/proc/{entry}/ns/pid") != pidns
                     and os.readlink(f"/proc/{entry}/ns/net") not in netns):
                 continue
+            if before is not None:
+                with open(f"/proc/{entry}/stat", "rb") as f:
+                    started = int(f.read().rsplit(b")", 1)[1].split()[19]) / tick
+                if started > before:
+                    continue
             with open(f"/proc/{entry}/cmdline", "rb") as f:
                 command = f.read().replace(b"\0", b" ").decode(errors="replace").strip()
-        except OSError:
+        except (OSError, ValueError, IndexError):
             continue
         found.append(f"{entry} ({command[:120]})")
     return found

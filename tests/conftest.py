@@ -13,6 +13,7 @@ import json
 import os
 import shutil
 import signal
+import time
 from pathlib import Path
 
 import pytest
@@ -188,6 +189,7 @@ def sim_hosts(tmp_path_factory):
     finally:
         pidns, netns, folder = rig.pidns, dict(rig.netns), rig.dir
         rig.close()
-        left = simhosts.left_behind(pidns, list(netns.values()))
+        left = simhosts.left_behind(pidns, list(netns.values()),
+                                    time.clock_gettime(time.CLOCK_BOOTTIME))
         assert not left, f"the simulated hosts left {left}"
         assert folder is not None and not folder.exists(), f"the rig's folder {folder} is left"

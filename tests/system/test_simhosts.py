@@ -174,8 +174,9 @@ def test_closing_the_rig_ends_what_runs_on_it_and_removes_everything(tmp_path):
         pidns, netns, folder = rig.pidns, list(rig.netns.values()), rig.dir
     finally:
         rig.close()
+    closed = time.clock_gettime(time.CLOCK_BOOTTIME)
     assert sleeper.wait(timeout=10) != 0  # ended with the rig
-    assert simhosts.left_behind(pidns, netns) == []
+    assert simhosts.left_behind(pidns, netns, closed) == []
     assert not folder.exists() and rig.dir is None
     rig.close()  # twice is harmless
 
@@ -195,12 +196,13 @@ def test_a_rig_whose_maker_is_killed_goes_with_it(tmp_path):
         pidns, netns, folder = json.loads(proc.stdout.readline())
     finally:
         proc.send_signal(signal.SIGKILL)
+        killed = time.clock_gettime(time.CLOCK_BOOTTIME)
         proc.wait(timeout=10)
         proc.stdout.close()
     deadline = time.monotonic() + 15
-    while simhosts.left_behind(pidns, netns) and time.monotonic() < deadline:
+    while simhosts.left_behind(pidns, netns, killed) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert simhosts.left_behind(pidns, netns) == []
+    assert simhosts.left_behind(pidns, netns, killed) == []
     assert Path(folder).exists()  # its folder, until the next rig sweeps it
     simhosts.sweep(tmp_path)
     assert not Path(folder).exists()
