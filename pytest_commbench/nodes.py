@@ -22,9 +22,12 @@ was asked, and a job whose ranks landed elsewhere is the machine's failure (`inf
 its message saying where they landed.
 
 Only mpirun is exercised here (on simulated hosts, `simhosts.py`); srun and flux run are
-built as their manuals describe and untested against a real Slurm or Flux. A sandboxed job
-goes to other nodes with mpirun only (a sandbox per node: `sandbox.wrap_over_nodes`); with
-srun or flux run such an item is skipped saying so.
+Only mpirun is exercised on simulated hosts (`simhosts.py`); srun runs a job's ranks on one
+node under a real Slurm (tests/system/test_slurm.py); flux run is built as its manual
+describes, untested against a real Flux. A sandboxed job launches with mpirun only (on other
+nodes, a sandbox per node: `sandbox.wrap_over_nodes`): srun's and flux run's ranks are started
+by their daemons, outside any sandbox of the job, so with them a sandboxed item is skipped
+saying so.
 """
 
 from __future__ import annotations
@@ -324,12 +327,17 @@ class Placement:
             nodes = self.layout(world, span)
         except PlacementError as exc:
             return str(exc)
-        far = away(nodes, self.here)
-        if self.sandboxed and far and self.launcher.kind != "mpirun":
-            return (f"its ranks would run on {', '.join(far)}, not on this host ({self.here}): "
-                    f"a job on other nodes runs in its sandboxes with mpirun only for now, not "
-                    f"with {self.launcher.kind} (--commbench-unsandboxed; "
-                    "docs/cluster-design.md)")
+        if self.sandboxed and self.launcher.kind != "mpirun":
+            # srun's ranks are started by slurmd, flux run's by the Flux broker: never inside
+            # the job's sandbox (where srun, besides, cannot reach munge's socket)
+            by = "slurmd" if self.launcher.kind == "srun" else "the Flux broker"
+            far = away(nodes, self.here)
+            where = (f"its ranks would run on {', '.join(far)}, not on this host "
+                     f"({self.here}); " if far else "")
+            return (f"{where}{self.launcher.kind} starts each rank through {by}, outside the "
+                    f"job's sandbox: sandboxed jobs launch with mpirun only (its daemons, in a "
+                    f"sandbox per node), not with {self.launcher.kind} "
+                    "(--commbench-unsandboxed launches with it; docs/cluster-design.md)")
         return None
 
 
@@ -386,8 +394,10 @@ def launch_command(launcher: Launcher, layout: Sequence[str], program: Sequence[
     if launcher.kind == "srun":
         if not any(a.startswith("--mpi") for a in args):
             args = ["--mpi=pmix", *args]
+        # arbitrary distribution: the node list names each task's node, repeats included
+        # (srun refuses a list of fewer nodes than tasks), as SLURM_HOSTFILE does
         return ["env", f"SLURM_HOSTFILE={ranks_file}", launcher.program or "srun", *args,
-                "-n", str(world), "-N", str(len(nodes)), f"--nodelist={','.join(nodes)}",
+                "-n", str(world), "-N", str(len(nodes)), f"--nodelist={','.join(layout)}",
                 "--distribution=arbitrary", *program]
     if launcher.kind == "flux":
         if not any("pmi=" in a for a in args):

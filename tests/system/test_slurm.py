@@ -1,7 +1,8 @@
 """A suite spread over a cluster, under a real Slurm: Debian's `slurm-wlm` and `munge` (one
 `munged`, one `slurmctld` and one `slurmd` on this machine, started by the test in a folder of
 its own, on free ports of the loopback address) run a job array of two shards of the CPU
-suite, and `commbench report` merges them into the verdicts of an unsharded run.
+suite, and `commbench report` merges them into the verdicts of an unsharded run; an item's
+ranks launched by srun.
 
 Skipped, saying why, where the daemons are not installed, the test is not root (slurmd runs
 its jobs as root) or they cannot start here. Every daemon and every process of its jobs is
@@ -291,6 +292,41 @@ exec {sys.executable} {' '.join(pytest_args[:-1])} "{SELECTION}" \\
     assert headline == [line for line in alone.stdout.splitlines()
                         if line.startswith("Pass Rate")]
     assert headline[0].startswith("Pass Rate 100.0% (3/3)") and "PARTIAL" not in headline[0]
+
+
+def test_srun_launches_an_items_ranks_under_slurm_and_a_sandboxed_item_is_skipped(cluster):
+    """`--commbench-launcher=srun` inside a job of two tasks: srun --mpi=pmix starts the
+    ranks through slurmd (Open MPI's ranks wire up through Slurm's PMIx), and the item passes
+    unsandboxed, each rank's host recorded; sandboxed, the item is skipped saying why (srun's
+    ranks are slurmd's, outside the job's sandbox, where srun cannot reach munge either)."""
+    root = cluster.root
+    for label, extra in (("unsandboxed", "--commbench-unsandboxed"), ("sandboxed", "")):
+        script = root / f"{label}.sbatch"
+        script.write_text(f"""\
+#!/bin/bash
+#SBATCH --ntasks=2
+#SBATCH --time=10
+#SBATCH --chdir={REPO}
+#SBATCH --output={root}/{label}.out
+exec {sys.executable} -m pytest suites -p no:cacheprovider --platform=cpu -rs \\
+  --commbench-model=reference --commbench-check-only -k "p2p and pingpong and not flag" \\
+  --commbench-launcher=srun {extra} --commbench-runs-dir={root}/runs-{label}
+""")
+        submitted = cluster.slurm("sbatch", "--parsable", str(script))
+        assert submitted.returncode == 0, submitted.stderr
+        job = submitted.stdout.strip().split(";")[0]
+        ended = _until(lambda job=job: not cluster.slurm("squeue", "-h", "-j", job).stdout.strip(),
+                       JOBS_S, 1)
+        out = _tail(root / f"{label}.out", 3000)
+        assert ended, f"the {label} job did not end within {JOBS_S} s:\n{out}"
+        (log,) = (root / f"runs-{label}").glob("*/results.jsonl")
+        (record,) = [r for r in load(log) if r["task"] == "p2p/pingpong"]
+        if extra:
+            assert record["verdict"] == "pass", (record.get("message"), out)
+            assert len(record["hosts"]) == 2 and len(set(record["hosts"])) == 1, record
+        else:
+            assert record["verdict"] == "skipped", (record.get("message"), out)
+            assert "srun starts each rank through slurmd" in record["message"]
 
 
 def test_jobs_see_the_batch_systems_settings_named_by_slurm_conf(tmp_path):

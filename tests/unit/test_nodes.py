@@ -166,12 +166,15 @@ def test_a_sandboxed_job_goes_to_other_nodes_with_mpirun_only():
     p = _placement("a", "b", per_node=1, here="a", sandboxed=True)
     assert p.skip_reason(1, span=True) is None  # only here
     assert p.skip_reason(2, span=True) is None  # mpirun: a sandbox on each node
-    for kind in ("srun", "flux"):
+    for kind, by in (("srun", "slurmd"), ("flux", "the Flux broker")):
         other = dataclasses.replace(p, launcher=Launcher(kind))
         reason = other.skip_reason(2, span=True)
         assert "would run on b" in reason and f"not with {kind}" in reason
+        assert f"starts each rank through {by}, outside the job's sandbox" in reason
         assert "--commbench-unsandboxed" in reason
-        assert other.skip_reason(1, span=True) is None
+        # on this node alone too: the ranks are still its daemon's, never the sandbox's
+        here = other.skip_reason(1, span=True)
+        assert here and "would run on" not in here and f"not with {kind}" in here
         assert dataclasses.replace(other, sandboxed=False).skip_reason(2, span=True) is None
     assert _placement("localhost", per_node=1, here="a", sandboxed=True).skip_reason(
         2, span=False) is None
@@ -205,10 +208,12 @@ def test_mpirun_names_each_nodes_ranks_and_maps_them_by_slot():
 
 
 def test_srun_gets_each_ranks_node_from_its_hostfile_in_arbitrary_order():
+    """Each task's node, repeats included, in the node list as in SLURM_HOSTFILE: a real srun
+    refuses "2 tasks but hostlist specified 1 nodes" otherwise (tests/system/test_slurm.py)."""
     argv = nodes.launch_command(Launcher("srun", "srun", ()), ["n1", "n1", "n2"], PROGRAM,
                                 "/j/ro/ranks.hosts")
     assert argv == ["env", "SLURM_HOSTFILE=/j/ro/ranks.hosts", "srun", "--mpi=pmix", "-n", "3",
-                    "-N", "2", "--nodelist=n1,n2", "--distribution=arbitrary", *PROGRAM]
+                    "-N", "2", "--nodelist=n1,n1,n2", "--distribution=arbitrary", *PROGRAM]
     assert nodes.ranks_text(["n1", "n1", "n2"]) == "n1\nn1\nn2\n"
     own = nodes.launch_command(Launcher("srun", "srun", ("--mpi=pmi2",)), ["n1"], PROGRAM, "f")
     assert "--mpi=pmix" not in own and "--mpi=pmi2" in own
@@ -342,7 +347,8 @@ def test_a_sandboxed_item_whose_ranks_would_run_on_other_nodes_is_skipped_saying
     result = bench.run_fake("--platform=cpu", "--commbench-hostfile=hosts", "-rs",
                             "--commbench-launcher=srun")
     result.stdout.fnmatch_lines(["*its ranks would run on elsewhere1, elsewhere2, not on this "
-                                 "host*not with srun*--commbench-unsandboxed*"])
+                                 "host*srun starts each rank through slurmd*not with srun*"
+                                 "--commbench-unsandboxed*"])
     (record,) = bench.records()
     assert record["verdict"] == "skipped"
     # a task that may not span nodes asks for one node alone, never another's slots
