@@ -438,7 +438,6 @@ def cmd_include(args: argparse.Namespace) -> int:
 def cmd_compile(args: argparse.Namespace) -> int:
     """Build every CUDA template, reference and mutant with the hidden recipe (what CI can do
     without a GPU): templates and references must build and pass `forbid`; mutants must build."""
-    import contextlib
     import dataclasses
     import tempfile
 
@@ -452,10 +451,10 @@ def cmd_compile(args: argparse.Namespace) -> int:
     platform = platform_of(profile)
     # --cache: the folder a run's --commbench-build-cache names, filled ahead of the run; else
     # a throw-away one, removed at the end (every build of a suite: some hundred MB)
-    with contextlib.ExitStack() as stack:
-        cache = Path(args.cache) if args.cache else Path(stack.enter_context(
-            tempfile.TemporaryDirectory(prefix="commbench-compile-")))
-        return _compile_all(args, platform, profile.arch, cache)
+    if args.cache:
+        return _compile_all(args, platform, profile.arch, Path(args.cache))
+    with tempfile.TemporaryDirectory(prefix="commbench-compile-") as cache:
+        return _compile_all(args, platform, profile.arch, Path(cache))
 
 
 def _compile_all(args: argparse.Namespace, platform, arch: str, cache: Path) -> int:

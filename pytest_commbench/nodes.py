@@ -21,7 +21,6 @@ Each rank says its host when it reaches the observer; `misplaced` compares that 
 was asked, and a job whose ranks landed elsewhere is the machine's failure (`infra_error`),
 its message saying where they landed.
 
-Only mpirun is exercised here (on simulated hosts, `simhosts.py`); srun and flux run are
 Only mpirun is exercised on simulated hosts (`simhosts.py`); srun runs a job's ranks on one
 node under a real Slurm (tests/system/test_slurm.py); flux run is built as its manual
 describes, untested against a real Flux. A sandboxed job launches with mpirun only (on other
