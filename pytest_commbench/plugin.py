@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 import pytest
 
@@ -126,8 +127,10 @@ class XdistHooks:
     @pytest.hookimpl(optionalhook=True)
     def pytest_handlecrashitem(self, crashitem, report, sched) -> None:
         """On the controller: the worker running `crashitem` died (perhaps killed by the
-        solution). Its item is a failure of the model, written to the log here."""
-        record_crashed_item(self.state, crashitem, report)
+        solution). Its item is a failure of the model, written to the log here; a test of
+        another plugin or of the user's own (not a task's item) is left to pytest."""
+        if is_manifest(Path(crashitem.partition("::")[0])):
+            record_crashed_item(self.state, crashitem, report)
 
 
 def pytest_runtest_logfinish(nodeid, location) -> None:

@@ -214,6 +214,20 @@ def test_an_item_whose_xdist_worker_dies_is_written_by_the_controller(bench, san
     result.stdout.fnmatch_lines(["Pass Rate 50.0% (1/2)*"])
 
 
+def test_a_crashed_worker_running_a_test_of_the_users_own_is_left_to_pytest(bench):
+    """Beside the tasks, a test of the project's own whose worker dies: pytest's failure, no
+    task verdict invented for it (the run's records and tables hold the tasks alone)."""
+    pytest.importorskip("xdist")
+    bench.add_task()
+    (bench.root / "test_own.py").write_text("import os\n\ndef test_dies():\n    os._exit(3)\n")
+    result = bench.pytester.runpytest_subprocess(
+        "suites", "test_own.py", "-p", "no:cacheprovider", "-n", "1")
+    result.assert_outcomes(failed=1, passed=1)
+    assert "crashed while running 'test_own.py::test_dies'" in result.stdout.str()
+    assert [r["nodeid"] for r in bench.records()] == [NODE]
+    assert "test_own.py  " not in result.stdout.str()  # no row of the tables
+
+
 def test_help_shows_the_options_and_collecting_leaves_no_run_behind(bench):
     bench.add_task()
     result = bench.pytester.runpytest_subprocess("--help")

@@ -17,6 +17,7 @@ import threading
 import time
 from pathlib import Path
 from types import SimpleNamespace
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -25,7 +26,7 @@ from test_late_rank import Posts, StagedHost, ThreadJob, _allreduce, _late
 from pytest_commbench import checks, cluster
 from pytest_commbench.checks.base import make_late
 from pytest_commbench.observer import JobEnded, Observer, Settings, WrongAnswer
-from pytest_commbench.rank import wire
+from pytest_commbench.rank import harness, wire
 from pytest_commbench.rank.backends import HostBackend
 from pytest_commbench.rank.harness import Calls, Link
 from pytest_commbench.rank.protocol import on_this_host
@@ -84,10 +85,13 @@ def through_agent(tmp_path: Path, world: int, op, staged: bool, monkeypatch, nam
 @contextlib.contextmanager
 def ranks(obs: Observer, case, staged: bool, solution_for, forge: int | None = None):
     """The ranks as threads connected to their agent; `forge`: that rank writes its
-    harness's "done" for the next call before its gate opens (the solution's forgery)."""
+    harness's "done" for the next call before its gate opens (the solution's forgery).
+    The harness's own answer to a forgery it finds (the process ends, `forged_word`)
+    becomes an exception in its thread: these ranks share the test's process."""
     world = obs.world
     failures: list[BaseException] = []
     links: list[Link] = []
+    forged = threading.Event()
     folder = os.path.dirname(on_this_host(cluster.agent_socket(obs.rk.job_dir)))
 
     def rank_main(rank: int) -> None:
@@ -95,19 +99,29 @@ def ranks(obs: Observer, case, staged: bool, solution_for, forge: int | None = N
             link = Link(folder, rank)
             links.append(link)
             calls = Calls(link, StagedHost() if staged else HostBackend(), solution_for(rank))
-            if forge == rank:  # (before its word: the gate cannot have opened yet)
+            if forge == rank:
                 link.ctl.set("done", 1)
                 link.ring()
+                forged.set()
             link.say(phase="loading")
             ctx = SimpleNamespace(rank=rank, world_size=world)
             calls.case(1, {"id": case.id, "args": case.args, "params": case.params}, ctx)
         except BaseException as exc:  # noqa: BLE001 - the test reports it
             failures.append(exc)
 
+    def found(report, word, k, have):
+        raise RuntimeError(f"the harness found its {word!r} word at {have} before call {k}")
+
     threads = [threading.Thread(target=rank_main, args=(r,), daemon=True) for r in range(world)]
+    patched = mock.patch.object(harness, "forged_word", found)
+    patched.start()
     for t in threads:
         t.start()
     try:
+        if forge is not None and forge >= 0:
+            # the forgery comes before the first call is asked for (a rank is up, and its
+            # gate may open, once it has its pages: before its thread gets to forge)
+            assert forged.wait(60), failures
         obs.connect(ThreadJob(threads))
         try:
             yield links
@@ -117,6 +131,8 @@ def ranks(obs: Observer, case, staged: bool, solution_for, forge: int | None = N
             for t in threads:
                 t.join(20)
     finally:
+        if not any(t.is_alive() for t in threads):  # (else left on: a live one may find it)
+            patched.stop()
         for link in links:
             link.sock.close()
             for fd in (link.bell, link.wake, link.feed):
