@@ -34,10 +34,12 @@ from .observer_checks import spot_check
 from .observer_phases import Timing
 from .observer_wire import call_info, input_arrays
 from .rank import wire
-from .rank.protocol import SOCKET, STEP_ANSWER, WORDS, views
+from .rank.protocol import SOCKET, STEP_ANSWER, STEP_BEGUN, WORDS, views
 from .verdicts import Verdict
 
-ASKED = {answer: step for step, answer in STEP_ANSWER.items()}  # "done" answers "gate", ...
+# "done" answers "gate", ...; "took" begins the gate's call
+ASKED = {**{answer: step for step, answer in STEP_ANSWER.items()},
+         **{begun: step for step, begun in STEP_BEGUN.items()}}
 SYNC_ROUNDS = 32  # clock exchanges per agent; the one with the shortest round trip counts
 SEND_S = 30.0  # a send an agent does not take in this long: the agent is gone
 AGENT_FILE = "agent.json"  # in the job's ro/: what the agents are told
@@ -475,8 +477,14 @@ class RemoteRanks:
             spin(lambda: all(self._has(i, "ready", k) for i in on_time))
             c.before = max((self._t(i, "ready", k) - self._t(i, "prep", k) for i in on_time),
                            default=0.0)
-        start = time.perf_counter()
+        start, waited = time.perf_counter(), False
         for i in c.order:
+            if c.trial.delays[i] > 0 and not waited:
+                # a late rank's delay counts from when every rank on time began its call
+                # (protocol.py), as its agent saw it
+                early = [j for j in c.order if not c.trial.delays[j]]
+                spin(lambda early=early: all(self._has(j, "took", k) for j in early))
+                start, waited = time.perf_counter(), True
             at = start + c.trial.delays[i]
             while time.perf_counter() < at:
                 self.wait(min(0.001, max(at - time.perf_counter(), 0.0)))

@@ -23,7 +23,7 @@ from .checks.base import Trial
 from .observer_call import Call, JobEnded
 from .observer_checks import spot_check
 from .observer_wire import ANSWER, Rank, call_outputs, read_hello, write_inputs
-from .rank.protocol import SOCKET, socket_address
+from .rank.protocol import SOCKET, STEP_BEGUN, socket_address
 from .verdicts import Verdict
 
 
@@ -175,13 +175,14 @@ class LocalRanks:
         yet: its harness writes the answer ("ready", "done", "saved") only once asked, so a
         word already at k was written by the solution (a thread of its own saying a call is
         done before its gate even opened, to move its work out of the timed interval)."""
-        word = ANSWER[step]
-        have = self.ranks[i].ctl.get(word)
-        if have >= k:
-            raise JobEnded(Verdict.FORBIDDEN,
-                           f"rank {i}'s control page said {word!r} = {have} before the observer "
-                           f"asked for {step} {k}: the solution wrote its harness's word (a "
-                           "completion the harness did not see is no completion)")
+        for word in (ANSWER[step], *([STEP_BEGUN[step]] if step in STEP_BEGUN else [])):
+            have = self.ranks[i].ctl.get(word)
+            if have >= k:
+                raise JobEnded(Verdict.FORBIDDEN,
+                               f"rank {i}'s control page said {word!r} = {have} before the "
+                               f"observer asked for {step} {k}: the solution wrote its "
+                               "harness's word (a completion the harness did not see is no "
+                               "completion)")
         self.ranks[i].set(step, k)
 
     def _await(self, word: str, k: int) -> list[float]:
@@ -222,12 +223,14 @@ class LocalRanks:
                        default=0.0)
 
     def _open_gates(self, c: Call) -> None:
-        """Open every rank's gate in turn, a late rank's at its delay (its inputs written
-        just before; staged, it is prepared there too); the others' "done"s are taken while
-        it waits."""
+        """Open every rank's gate in turn, a late rank's at its delay after every rank on
+        time began its call (its inputs written just before; staged, it is prepared there
+        too); the others' "done"s are taken while it waits."""
         trial = c.trial
-        start = time.perf_counter()
+        start, waited = time.perf_counter(), False
         for i in c.order:
+            if trial.delays[i] > 0 and not waited:
+                start, waited = self._all_took(c, [j for j in c.order if not trial.delays[j]]), True
             at = start + trial.delays[i]
             # a late rank's gate: the others' "done"s are taken while it waits
             while time.perf_counter() < at:
@@ -243,6 +246,18 @@ class LocalRanks:
             if i in c.late:
                 self._ask(i, "prep", c.k)
             self._ask(i, "gate", c.k)
+
+    def _all_took(self, c: Call, on_time: list[int]) -> float:
+        """Until every rank in `on_time` has begun its call (said TOOK), its "done"s taken
+        meanwhile; returns when. A late rank's delay counts from then (protocol.py)."""
+        ranks, k = self.ranks, c.k
+
+        def took() -> bool:
+            self._collect(c)
+            return all(ranks[j].ctl.get("took") >= k for j in on_time)
+
+        self.obs._spin(took)
+        return time.perf_counter()
 
     def _collect(self, c: Call) -> bool:
         """Take every "done" said since the last look (own completion: ask that rank for its

@@ -29,7 +29,7 @@ import sys
 import time
 from pathlib import Path
 
-from .protocol import STEP_ANSWER, Rank, on_this_host, socket_address
+from .protocol import STEP_ANSWER, STEP_BEGUN, Rank, on_this_host, socket_address
 from .wire import (
     HEARTBEAT_S,
     KEY_ENV,
@@ -40,7 +40,7 @@ from .wire import (
     unpack_arrays,
 )
 
-ANSWERS = ("ready", "done", "saved")
+ANSWERS = ("ready", "took", "done", "saved")
 LOOK_S = 0.05  # the loop's longest sleep (the doorbell and the sockets wake it earlier)
 CONNECT_S = 10.0
 
@@ -303,12 +303,12 @@ class Agent:
         """Ask rank `number` for step k ("prep", "gate", "fetch"), its inputs written just
         before; an answer already at k is the solution's forgery (FORGED, nothing set)."""
         rank = self.ranks[number]
-        word = STEP_ANSWER[step]
-        have = rank.ctl.get(word)
-        if have >= k:
-            self.send("FORGED", {"rank": number, "word": word, "have": have, "step": step,
-                                 "k": k})
-            return
+        for word in (STEP_ANSWER[step], *([STEP_BEGUN[step]] if step in STEP_BEGUN else [])):
+            have = rank.ctl.get(word)
+            if have >= k:
+                self.send("FORGED", {"rank": number, "word": word, "have": have,
+                                     "step": step, "k": k})
+                return
         if number in self.inputs and step in ("prep", "gate"):
             batch, inputs = self.inputs.pop(number)
             if batch > 1:

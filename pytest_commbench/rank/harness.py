@@ -405,7 +405,7 @@ class Calls:
 
     def say(self, word: str, k: int) -> None:
         """Set this rank's `word` to k, the harness's own answer to the observer's step k
-        ("ready", "done", "saved"). Only this harness writes them, and only after that step
+        ("ready", "took", "done", "saved"). Only this harness writes them, and only after that step
         was asked for: a word already at k or beyond was written by the solution (a thread
         of its own saying the call is done before it is, to move its work out of the timed
         interval). That is a forbidden use of the control page: reported as the guards
@@ -475,6 +475,7 @@ class Calls:
                 hold = holds[0]
                 if hold and hold[1] == "device" and self.hold_device is not None:
                     self.hold_device(hold[0])  # its stream waits: its work starts late
+                self.say("took", k)  # (a late peer's delay counts from here)
                 self.call(ctx, settle=b.synchronize)
             b.synchronize()
             if info.get("scrub"):

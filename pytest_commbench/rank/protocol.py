@@ -16,8 +16,8 @@ A call k (numbered from 1 over the whole job):
   device, poisons its outputs, waits for its device and sets READY = k;
 - the observer opens the gate, GATE = k (host backend: as soon as the inputs are written);
   its clock starts;
-- the rank calls the solution, waits until its whole device is idle and sets DONE = k; the
-  observer's clock stops for this rank;
+- the rank sets TOOK = k and calls the solution, waits until its whole device is idle and
+  sets DONE = k; the observer's clock stops for this rank;
 - staged backends: the rank waits for its own FETCH = k, copies its outputs back and sets
   SAVED = k. The observer sets a rank's FETCH once it has seen every rank done, except in a
   trial that holds a rank back (below), where it sets it the moment it sees that rank's DONE
@@ -40,8 +40,11 @@ before it saw END of its case leaves that call for the next case's loop.
 
 A late rank (a trial's delay): the observer writes its inputs and sets PREP and GATE together
 at its time; its upload is then part of its call, and its peers cannot find its inputs (or
-its poisoned outputs) in place before its call began. Meanwhile the ranks on time may be
-told to FETCH (above) and go on to wait for the next call's PREP.
+its poisoned outputs) in place before its call began. Its time counts from the moment every
+rank on time has said TOOK, not from their gates: on a loaded host a rank may not run for
+longer than the delay after its gate opens, and a late rank released before its peers had
+even begun would test nothing (a barrier whose root does not wait passed so). Meanwhile the
+ranks on time may be told to FETCH (above) and go on to wait for the next call's PREP.
 """
 
 from __future__ import annotations
@@ -57,7 +60,7 @@ import numpy as np
 
 PAGE = 1 << 16
 WORDS = ("gate", "done", "prep", "ready", "saved", "end", "layout_version", "info_len", "fetch",
-         "case")
+         "case", "took")
 W = {name: i for i, name in enumerate(WORDS)}
 INFO_AT = 256  # byte offset of the JSON area
 ALIGN = 256
@@ -65,6 +68,9 @@ ALIGN = 256
 SOCKET = "ctl.sock"
 # the word a rank's harness answers each of the observer's steps with
 STEP_ANSWER = {"prep": "ready", "gate": "done", "fetch": "saved"}
+# the word it sets as it begins a step's work (the gate's: the moment before the solution's
+# call); like an answer, only the harness writes it, and only once the step was asked for
+STEP_BEGUN = {"gate": "took"}
 FEED_BYTES = 1 << 20  # a rank's feed (pipe) capacity asked for; what a batch's inputs may take
 
 # -- the rest of the job's contract, spelled once for both wings -------------------------------

@@ -83,9 +83,10 @@ def through_agent(tmp_path: Path, world: int, op, staged: bool, monkeypatch, nam
 
 
 @contextlib.contextmanager
-def ranks(obs: Observer, case, staged: bool, solution_for, forge: int | None = None):
+def ranks(obs: Observer, case, staged: bool, solution_for, forge: int | None = None,
+          word: str = "done"):
     """The ranks as threads connected to their agent; `forge`: that rank writes its
-    harness's "done" for the next call before its gate opens (the solution's forgery).
+    harness's `word` for the next call before its gate opens (the solution's forgery).
     The harness's own answer to a forgery it finds (the process ends, `forged_word`)
     becomes an exception in its thread: these ranks share the test's process."""
     world = obs.world
@@ -100,7 +101,7 @@ def ranks(obs: Observer, case, staged: bool, solution_for, forge: int | None = N
             links.append(link)
             calls = Calls(link, StagedHost() if staged else HostBackend(), solution_for(rank))
             if forge == rank:
-                link.ctl.set("done", 1)
+                link.ctl.set(word, 1)
                 link.ring()
                 forged.set()
             link.say(phase="loading")
@@ -194,8 +195,9 @@ def test_outputs_a_peer_completes_later_are_wrong_through_an_agent(tmp_path, mon
     assert _judge(tmp_path, monkeypatch, "rank0_does_all", staged, own=False) == []
 
 
+@pytest.mark.parametrize("word", ["done", "took"])
 def test_a_word_the_solution_writes_for_its_harness_is_forbidden_through_an_agent(
-        tmp_path, monkeypatch):
+        tmp_path, monkeypatch, word):
     op, case = _case(2)
     with through_agent(tmp_path, 2, op, False, monkeypatch, "job-forged") as (obs, _agent):
         def alone(rank):  # (no peer to wait for: rank 1's gate never opens)
@@ -203,7 +205,7 @@ def test_a_word_the_solution_writes_for_its_harness_is_forbidden_through_an_agen
                 recvbuf[...] = sendbuf
             return solution
 
-        with ranks(obs, case, False, alone, forge=1) as links:
+        with ranks(obs, case, False, alone, forge=1, word=word) as links:
             try:
                 with pytest.raises(JobEnded) as ended:
                     obs.run_case(case)
@@ -211,7 +213,7 @@ def test_a_word_the_solution_writes_for_its_harness_is_forbidden_through_an_agen
                 for link in links:  # (what the launcher's end of the job does to them)
                     link.ctl.set("end", 1)
     assert ended.value.verdict == "forbidden", ended.value.message
-    assert "rank 1's control page said 'done' = 1 before the observer asked for gate 1" \
+    assert f"rank 1's control page said {word!r} = 1 before the observer asked for gate 1" \
         in ended.value.message
 
 

@@ -1,6 +1,6 @@
 """A completion the harness did not see is no completion: the words a rank's harness answers
-the observer with ("ready", "done", "saved") are written only by that harness, and only once
-the observer asked for that step. The rank's process can write any word of its control page
+the observer with ("ready", "took", "done", "saved") are written only by that harness, and only
+once the observer asked for that step. The rank's process can write any word of its control page
 (a native solution finds the page in its own address space), so both sides check:
 
 - the observer, before it asks a rank for step k, that the rank's answer word is below k
@@ -31,10 +31,11 @@ from pytest_commbench.rank.protocol import GUARD_EXIT, PAGE, Control
 from pytest_commbench.verdicts import Verdict
 
 
-def _observe(tmp_path: Path, staged: bool, forge: bool) -> JobEnded | None:
+def _observe(tmp_path: Path, staged: bool, forge: str | None) -> JobEnded | None:
     """Three gated calls of an all-reduce case on two rank threads; `forge`: once the first
-    call is over (its harness said done 1), rank 1's "done" word is set to 2, as a thread of
-    its solution would. Returns how the job ended (None: every call went through)."""
+    call is over (its harness said done 1), rank 1's word of that name ("done", "took") is
+    set to 2, as a thread of its solution would. Returns how the job ended (None: every call
+    went through)."""
     world = 2
     op = checks.get("allreduce")
     case = op.make_case(np.random.default_rng(3), "c0", 64, "float32", world, {}, 3, 0)
@@ -56,25 +57,26 @@ def _observe(tmp_path: Path, staged: bool, forge: bool) -> JobEnded | None:
         try:
             for n, trial in enumerate(case.trials):
                 if forge and n == 1:
-                    assert obs.ranks[1].ctl.get("done") == 1
-                    obs.ranks[1].ctl.set("done", 2)
+                    assert obs.ranks[1].ctl.get(forge) == 1
+                    obs.ranks[1].ctl.set(forge, 2)
                 obs.call(case, trial, check=False)
         except JobEnded as exc:
             ended = exc
     return ended
 
 
+@pytest.mark.parametrize("word", ["done", "took"])
 @pytest.mark.parametrize("staged", [True, False], ids=["staged", "host"])
-def test_a_done_word_written_ahead_of_the_gate_is_forbidden(tmp_path, staged):
-    ended = _observe(tmp_path, staged, True)
+def test_a_done_word_written_ahead_of_the_gate_is_forbidden(tmp_path, staged, word):
+    ended = _observe(tmp_path, staged, word)
     assert ended is not None and ended.verdict is Verdict.FORBIDDEN, ended
-    assert "rank 1's control page said 'done' = 2 before the observer asked for gate 2" \
+    assert f"rank 1's control page said {word!r} = 2 before the observer asked for gate 2" \
         in ended.message, ended.message
 
 
 @pytest.mark.parametrize("staged", [True, False], ids=["staged", "host"])
 def test_an_honest_rank_answers_every_step_in_turn(tmp_path, staged):
-    assert _observe(tmp_path, staged, False) is None
+    assert _observe(tmp_path, staged, None) is None
 
 
 def test_the_harness_refuses_a_word_someone_else_wrote_first(tmp_path, monkeypatch):

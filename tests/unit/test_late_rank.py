@@ -254,7 +254,7 @@ def _judge(tmp_path: Path, kind: str, staged: bool, world: int = 2,
 
 @contextlib.contextmanager
 def ranks_in_threads(obs: Observer, job_dir: Path, case, staged: bool, solution_for,
-                     hold_device=None):
+                     hold_device=None, calls_class=Calls):
     """The ranks of one case as threads running the real rank loop (`Calls`) on a host or a
     staged host backend, connected to `obs`; `solution_for(rank)` is each rank's solution,
     `hold_device(rank)` (optional) its device hold. Inside the block the observer drives the
@@ -267,7 +267,9 @@ def ranks_in_threads(obs: Observer, job_dir: Path, case, staged: bool, solution_
         try:
             link = Link(str(job_dir), rank)
             links.append(link)
-            calls = Calls(link, StagedHost() if staged else HostBackend(), solution_for(rank))
+            calls = calls_class(link, StagedHost() if staged else HostBackend(),
+                                solution_for(rank))
+            calls.rank = rank
             if hold_device is not None:
                 calls.hold_device = hold_device(rank)
             link.say(phase="loading")
@@ -377,3 +379,76 @@ def test_a_rank_that_raised_and_hangs_ends_the_job_soon_not_at_its_deadline(tmp_
             link.sock.close()
             for fd in (link.bell, link.wake, link.feed):
                 os.close(fd)
+
+
+def _barrier(kind: str, rank: int, world: int, board: dict, cond: threading.Condition):
+    """A rank's barrier (no arguments). honest: leaves once every rank has arrived;
+    skip_root: rank 0 releases the others as it arrives, then waits for theirs (the CPU
+    task's mutant `linear_skip_root`)."""
+    calls = [0]
+
+    def solution(ctx):
+        calls[0] += 1
+        c = calls[0]
+        with cond:
+            board.setdefault(("in", c), set()).add(rank)
+            if kind == "skip_root" and rank == 0:
+                board[("released", c)] = True
+            cond.notify_all()
+            if kind == "honest" or rank == 0:
+                done = cond.wait_for(lambda: len(board[("in", c)]) == world, timeout=20)
+            else:
+                done = cond.wait_for(lambda: board.get(("released", c)), timeout=20)
+            if not done:
+                raise RuntimeError(f"rank {rank}: call {c} never released")
+
+    return solution
+
+
+class SlowRoot(Calls):
+    """Rank 0 runs 120 ms after its gate opens (a loaded host's scheduler: longer than the
+    barrier's delay)."""
+
+    def wait(self, word: str, k: int, case: int) -> bool:
+        went_on = super().wait(word, k, case)
+        if word == "gate" and self.rank == 0:
+            time.sleep(0.12)
+        return went_on
+
+
+@pytest.mark.parametrize("kind", ["honest", "skip_root"])
+def test_a_late_rank_is_late_after_its_peers_began_however_late_they_run(tmp_path, kind):
+    """A barrier trial holds one rank back 50 ms; rank 0, on time, runs only 120 ms after its
+    gate opened. Counted from the gates, the late rank would be released before rank 0 even
+    arrived, and a root that releases the others without waiting would pass; counted from
+    when every rank on time began its call (TOOK), it is caught in every trial that holds
+    back a rank other than the root, and an honest barrier passes."""
+    world = 4
+    rng = np.random.default_rng(3)
+    op = checks.get("barrier")
+    case = op.make_case(rng, "c0", 0, "uint8", world, {}, 2, 0)
+    settings = Settings(reps=0, max_reps=0, timing_budget=0.0, warmup=0, wall_s=0.0,
+                        rtol=0.0, atol=0.0)
+    job_dir = tmp_path / f"job-{kind}"
+    job_dir.mkdir()
+    obs = Observer(job_dir, world, op, settings, np.random.default_rng(12), staged=False,
+                   timed=False)
+    board: dict = {}
+    cond = threading.Condition()
+    errors: list[str] = []
+    with ranks_in_threads(obs, job_dir, case, False,
+                          lambda rank: _barrier(kind, rank, world, board, cond),
+                          calls_class=SlowRoot):
+        for trial in case.trials:
+            try:
+                obs.call(case, trial, check=True, own_completion=True)
+            except WrongAnswer as exc:
+                late = _late(trial)
+                errors.append((late, exc.errors))
+    if kind == "honest":
+        assert errors == []
+        return
+    caught = sorted(late for late, _ in errors)
+    assert caught == [[r] for r in range(1, world)], errors
+    for _late_rank, messages in errors:
+        assert all("left the barrier" in m for m in messages), messages
