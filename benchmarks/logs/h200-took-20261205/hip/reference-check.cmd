@@ -1,0 +1,1 @@
+tools/gpu-shared reference-check (SHARED_PLATFORM=h200-hip, COMMBENCH_RANKS_PER_GPU=8, SHARED_SELECT='np2', SHARED_JOBS=6, SHARED_WORLDS=min)

@@ -1,0 +1,1 @@
+tools/gpu-shared mutants (COMMBENCH_RANKS_PER_GPU=8, SHARED_SELECT='ipc_barrier or oneshot or twoshot or moe_dispatch_ipc or moe_combine_ipc or sm_peer_copy or nccl_allreduce or flag_pingpong', SHARED_JOBS=4, SHARED_WORLDS=min, SHARED_UNTIMED_TIMEOUT=90)
