@@ -370,12 +370,18 @@ def counts(layout: Sequence[str]) -> list[tuple[str, int]]:
 
 def launch_command(launcher: Launcher, layout: Sequence[str], program: Sequence[str],
                    ranks_file: str | os.PathLike, mpiexec: str | None = None,
-                   flavour: str = "openmpi", output: Sequence[str] = ()) -> list[str]:
+                   flavour: str = "openmpi", output: Sequence[str] = (),
+                   libdirs: Sequence[str] = ()) -> list[str]:
     """The command that starts `program` as len(layout) ranks, rank r on node layout[r].
     `ranks_file`: where the caller writes `ranks_text(layout)` (srun, flux run read it);
     `mpiexec`: the program of a launcher named by name; `flavour`: the MPI's ("openmpi",
-    "mpich"); `output`: the launcher's options that forward the ranks' output as it comes."""
+    "mpich"); `output`: the launcher's options that forward the ranks' output as it comes;
+    `libdirs`: the folders of the MPI's libraries, put first on the ranks' library path
+    where a batch system's daemons start them (mpirun does so for its own ranks: an MPI
+    installed by pip, in a virtual environment, is nowhere else the loader looks)."""
     world = len(layout)
+    path = ":".join([*libdirs, *filter(None, [os.environ.get("LD_LIBRARY_PATH")])])
+    libpath = [f"LD_LIBRARY_PATH={path}"] if libdirs else []
     nodes = list(dict.fromkeys(layout))
     args = list(launcher.args)
     if launcher.kind == "mpirun":
@@ -395,14 +401,15 @@ def launch_command(launcher: Launcher, layout: Sequence[str], program: Sequence[
             args = ["--mpi=pmix", *args]
         # arbitrary distribution: the node list names each task's node, repeats included
         # (srun refuses a list of fewer nodes than tasks), as SLURM_HOSTFILE does
-        return ["env", f"SLURM_HOSTFILE={ranks_file}", launcher.program or "srun", *args,
+        return ["env", f"SLURM_HOSTFILE={ranks_file}", *libpath, launcher.program or "srun", *args,
                 "-n", str(world), "-N", str(len(nodes)), f"--nodelist={','.join(layout)}",
                 "--distribution=arbitrary", *program]
     if launcher.kind == "flux":
         if not any("pmi=" in a for a in args):
             args = ["-o", "pmi=pmix", *args]
-        return [launcher.program or "flux", "run", *args, "-n", str(world), "-N",
-                str(len(nodes)), f"--requires=host:{','.join(nodes)}",
+        return [*(["env", *libpath] if libpath else []), launcher.program or "flux", "run",
+                *args, "-n", str(world), "-N", str(len(nodes)),
+                f"--requires=host:{','.join(nodes)}",
                 f"--taskmap=hostfile:{ranks_file}", *program]
     raise PlacementError(f"unknown launcher {launcher.kind!r}")
 

@@ -13,6 +13,7 @@ from typing import Any
 
 from .. import nodes as over_nodes
 from ..build import Artifact, build_python
+from ..interposer import find_libmpi
 from ..launch import find_mpiexec, mpi_version, output_options
 from ..tasks import Task
 
@@ -152,9 +153,13 @@ class Platform:
         if placement.launcher.kind != "mpirun":
             ranks_file.write_text(over_nodes.ranks_text(nodes))
         flavour = "mpich" if re.search(r"HYDRA|MPICH", mpi_version(), re.I) else "openmpi"
+        libdirs = []
+        if placement.launcher.kind != "mpirun":
+            libmpi = find_libmpi(mpiexec)
+            libdirs = [str(libmpi.parent)] if libmpi is not None else []
         return over_nodes.launch_command(placement.launcher, nodes, program, ranks_file,
                                          mpiexec=mpiexec, flavour=flavour,
-                                         output=output_options())
+                                         output=output_options(), libdirs=libdirs)
 
     def sanitizer(self, tool: str, out: Path) -> tuple[str, ...] | None:
         """The command that runs a rank under the vendor's memory checker with `tool`, its

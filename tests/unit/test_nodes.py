@@ -219,6 +219,23 @@ def test_srun_gets_each_ranks_node_from_its_hostfile_in_arbitrary_order():
     assert "--mpi=pmix" not in own and "--mpi=pmi2" in own
 
 
+def test_ranks_a_batch_systems_daemons_start_find_the_mpi_library(monkeypatch):
+    """srun's and flux run's ranks are started by slurmd and the Flux broker, not by mpirun
+    (which puts its own library folder on its ranks' path): the MPI's library folder goes
+    first on their LD_LIBRARY_PATH, before the caller's."""
+    monkeypatch.setenv("LD_LIBRARY_PATH", "/usr/local/x")
+    argv = nodes.launch_command(Launcher("srun", "srun", ()), ["n1"], PROGRAM, "f",
+                                libdirs=["/venv/lib"])
+    assert argv[:3] == ["env", "SLURM_HOSTFILE=f", "LD_LIBRARY_PATH=/venv/lib:/usr/local/x"]
+    argv = nodes.launch_command(Launcher("flux", "flux", ()), ["f1"], PROGRAM, "f",
+                                libdirs=["/venv/lib"])
+    assert argv[:4] == ["env", "LD_LIBRARY_PATH=/venv/lib:/usr/local/x", "flux", "run"]
+    monkeypatch.delenv("LD_LIBRARY_PATH")
+    argv = nodes.launch_command(Launcher("srun", "srun", ()), ["n1"], PROGRAM, "f",
+                                libdirs=["/venv/lib"])
+    assert "LD_LIBRARY_PATH=/venv/lib" in argv
+
+
 def test_flux_run_maps_ranks_to_hosts_through_its_hostfile_taskmap():
     argv = nodes.launch_command(Launcher("flux", "flux", ()), ["f1", "f2"], PROGRAM,
                                 "/j/ro/ranks.hosts")
@@ -256,7 +273,9 @@ def test_a_platform_with_a_placement_launches_through_it_and_writes_the_ranks_fi
     platform.node_placement = Placement((Node("n1"), Node("n2")),
                                         nodes.parse_launcher("srun"), 1, "test", "n1")
     argv = platform.launch_argv(2, job, nodes=["n1", "n2"])
-    assert argv[:3] == ["env", f"SLURM_HOSTFILE={job.parent / 'ranks.hosts'}", "srun"]
+    assert argv[:2] == ["env", f"SLURM_HOSTFILE={job.parent / 'ranks.hosts'}"]
+    # the MPI's library folder for the ranks slurmd starts (here: the one mpi4py loads)
+    assert argv[2].startswith("LD_LIBRARY_PATH=") and argv[3] == "srun"
     assert argv[-4:] == [sys.executable, "-m", "commbench_rank", str(job)]
     assert (job.parent / "ranks.hosts").read_text() == "n1\nn2\n"
 
