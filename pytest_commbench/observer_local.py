@@ -22,8 +22,8 @@ import numpy as np
 from .checks.base import Trial
 from .observer_call import Call, JobEnded
 from .observer_checks import spot_check
-from .observer_wire import ANSWER, Rank, call_outputs, read_hello, write_inputs
-from .rank.protocol import SOCKET, STEP_BEGUN, socket_address
+from .observer_wire import Rank, call_outputs, read_hello, write_inputs
+from .rank.protocol import SOCKET, harness_words, socket_address
 from .verdicts import Verdict
 
 
@@ -175,7 +175,7 @@ class LocalRanks:
         yet: its harness writes the answer ("ready", "done", "saved") only once asked, so a
         word already at k was written by the solution (a thread of its own saying a call is
         done before its gate even opened, to move its work out of the timed interval)."""
-        for word in (ANSWER[step], *([STEP_BEGUN[step]] if step in STEP_BEGUN else [])):
+        for word in harness_words(step):
             have = self.ranks[i].ctl.get(word)
             if have >= k:
                 raise JobEnded(Verdict.FORBIDDEN,

@@ -21,7 +21,6 @@ import numpy as np
 from . import jobfiles
 from .checks.base import Trial
 from .rank.protocol import (
-    STEP_ANSWER,
     Rank,
     batch_sets,
     guard_file,
@@ -29,8 +28,6 @@ from .rank.protocol import (
     set_name,
     views,
 )
-
-ANSWER = STEP_ANSWER  # the word a rank's harness answers each of the observer's steps with
 
 
 def read_hello(conn: socket.socket) -> tuple[int, str | None] | None:

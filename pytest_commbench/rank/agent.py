@@ -29,7 +29,7 @@ import sys
 import time
 from pathlib import Path
 
-from .protocol import STEP_ANSWER, STEP_BEGUN, Rank, on_this_host, socket_address
+from .protocol import Rank, harness_words, on_this_host, socket_address
 from .wire import (
     HEARTBEAT_S,
     KEY_ENV,
@@ -303,7 +303,7 @@ class Agent:
         """Ask rank `number` for step k ("prep", "gate", "fetch"), its inputs written just
         before; an answer already at k is the solution's forgery (FORGED, nothing set)."""
         rank = self.ranks[number]
-        for word in (STEP_ANSWER[step], *([STEP_BEGUN[step]] if step in STEP_BEGUN else [])):
+        for word in harness_words(step):
             have = rank.ctl.get(word)
             if have >= k:
                 self.send("FORGED", {"rank": number, "word": word, "have": have,

@@ -71,6 +71,12 @@ STEP_ANSWER = {"prep": "ready", "gate": "done", "fetch": "saved"}
 # the word it sets as it begins a step's work (the gate's: the moment before the solution's
 # call); like an answer, only the harness writes it, and only once the step was asked for
 STEP_BEGUN = {"gate": "took"}
+
+
+def harness_words(step: str) -> tuple[str, ...]:
+    """The words only the harness writes in reply to `step`: none may be at k before the
+    observer asks for step k."""
+    return (STEP_ANSWER[step], *([STEP_BEGUN[step]] if step in STEP_BEGUN else []))
 FEED_BYTES = 1 << 20  # a rank's feed (pipe) capacity asked for; what a batch's inputs may take
 
 # -- the rest of the job's contract, spelled once for both wings -------------------------------

@@ -215,6 +215,15 @@ class ThreadJob:
         return all(t.is_alive() for t in self.threads)
 
 
+def _untimed(job_dir: Path, world: int, op, staged: bool) -> tuple[Path, Observer]:
+    """A new job folder and an observer of exact checks that times nothing."""
+    settings = Settings(reps=0, max_reps=0, timing_budget=0.0, warmup=0, wall_s=0.0,
+                        rtol=0.0, atol=0.0)
+    job_dir.mkdir()
+    return job_dir, Observer(job_dir, world, op, settings, np.random.default_rng(12),
+                             staged=staged, timed=False)
+
+
 def _judge(tmp_path: Path, kind: str, staged: bool, world: int = 2,
            own: bool | None = True, scrub: bool = True) -> list[str]:
     """The trials of one all-reduce case (the first of an item: one late trial per rank)
@@ -228,12 +237,8 @@ def _judge(tmp_path: Path, kind: str, staged: bool, world: int = 2,
     case = op.make_case(rng, "c0", 1000, "float32", world, {}, 2, 0)
     make_late(case, rng)
     assert [_late(t) for t in case.trials] == [[]] + [[r] for r in range(world)]
-    settings = Settings(reps=0, max_reps=0, timing_budget=0.0, warmup=0, wall_s=0.0,
-                        rtol=0.0, atol=0.0)
-    job_dir = tmp_path / f"job-{kind}-{staged}-{own}-{world}-{scrub}"
-    job_dir.mkdir()
-    obs = Observer(job_dir, world, op, settings, np.random.default_rng(12), staged=staged,
-                   timed=False)
+    job_dir, obs = _untimed(tmp_path / f"job-{kind}-{staged}-{own}-{world}-{scrub}", world,
+                            op, staged)
     if not scrub:
         real_call = obs.call
         obs.call = lambda *a, **kw: real_call(*a, **{**kw, "scrub": False})
@@ -427,12 +432,7 @@ def test_a_late_rank_is_late_after_its_peers_began_however_late_they_run(tmp_pat
     rng = np.random.default_rng(3)
     op = checks.get("barrier")
     case = op.make_case(rng, "c0", 0, "uint8", world, {}, 2, 0)
-    settings = Settings(reps=0, max_reps=0, timing_budget=0.0, warmup=0, wall_s=0.0,
-                        rtol=0.0, atol=0.0)
-    job_dir = tmp_path / f"job-{kind}"
-    job_dir.mkdir()
-    obs = Observer(job_dir, world, op, settings, np.random.default_rng(12), staged=False,
-                   timed=False)
+    job_dir, obs = _untimed(tmp_path / f"job-{kind}", world, op, False)
     board: dict = {}
     cond = threading.Condition()
     errors: list[str] = []
