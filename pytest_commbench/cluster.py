@@ -300,7 +300,7 @@ class RemoteRanks:
         return {self.nodes[n]: round(link.skew * 1e6, 3) for n, link in self.agents.items()}
 
     # -- frames ------------------------------------------------------------------------------
-    def send(self, node: int, kind: str, header: dict, payload: bytes = b"") -> None:
+    def send(self, node: int, kind: str, header: dict, payload=b"") -> None:
         link = self.agents[node]
         try:
             link.ch.send(kind, header, payload)
@@ -439,14 +439,11 @@ class RemoteRanks:
             "info": call_info(number, trials, feed, holds, scrub)})
 
     def _inputs(self, i: int, trials: list[Trial]) -> None:
-        arrays = input_arrays(i, trials)
-        if len(trials) > 1:
-            payload = b"".join(np.ascontiguousarray(a).tobytes() for _n, a in arrays)
-            self.send(self.node_of[i], "INPUTS", {"rank": i, "batch": len(trials)}, payload)
-        else:
-            meta, payload = wire.pack_arrays(arrays)
-            self.send(self.node_of[i], "INPUTS", {"rank": i, "batch": 1, "arrays": meta},
-                      payload)
+        """Rank i's inputs of this call to its agent: a drawn array as its recipe (the agent
+        draws it: `rank/draws.py`), any other as its bytes."""
+        meta, parts = wire.pack_arrays(input_arrays(i, trials), recipes=True)
+        self.send(self.node_of[i], "INPUTS", {"rank": i, "batch": len(trials), "arrays": meta},
+                  parts)
 
     def _ask(self, i: int, step: str, k: int) -> None:
         self.ranks[i].ctl.set(step, k)

@@ -153,11 +153,8 @@ class AllreduceRMSNorm(Op):
         scale = np.where(tiny_rows(rng, count), TINY, 1.0).astype(dtype)[:, None]
         xs = []
         for _ in range(world):
-            x = full_random(rng, (count, h), dtype)
-            x *= scale  # a power of two: exact
-            xs.append(x)
-        residual = full_random(rng, (count, h), dtype)
-        residual *= scale
+            xs.append(full_random(rng, (count, h), dtype) * scale)  # a power of two: exact
+        residual = full_random(rng, (count, h), dtype) * scale
         gamma = full_random(rng, (h,), dtype)
         inputs = [{"x": x, "residual": residual, "gamma": gamma} for x in xs]
         outputs = [{"y": ((count, h), dtype), "residual_out": ((count, h), dtype)}

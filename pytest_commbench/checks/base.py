@@ -14,8 +14,7 @@ from typing import Any
 import numpy as np
 
 from ..poison import poison_value
-
-FLOAT_KINDS = "fc"
+from ..rank.draws import FLOAT_KINDS, drawn
 
 
 @dataclass
@@ -192,15 +191,6 @@ class Op:
 
 
 
-#: per float dtype: (unsigned type of its width, the bits kept from a random word: sign,
-#: the lowest exponent bit and the whole significand; the exponent bits set: magnitude 0.5)
-FULL_BITS = {
-    np.dtype(np.float16): (np.uint16, 0x87FF, 0x3800),
-    np.dtype(np.float32): (np.uint32, 0x80FFFFFF, 0x3F000000),
-    np.dtype(np.float64): (np.uint64, 0x801FFFFFFFFFFFFF, 0x3FE0000000000000),
-}
-
-
 def held_ranks(index: int, world: int) -> list[int]:
     """The ranks held back (one late trial each, in this order) in case `index` of an item,
     its cases numbered from 0 in the order the item makes them (the manifest's sizes, each
@@ -248,24 +238,9 @@ def make_late(case: Case, rng: np.random.Generator, index: int | None = None) ->
 
 
 def full_random(rng: np.random.Generator, shape, dtype: str) -> np.ndarray:
-    """Values that use every bit of the dtype's significand (floats: random sign and
-    significand, magnitudes in [0.5, 2), built from random words; integers over a sixteenth
-    of the type's range): nothing narrower can carry them, so a solution that moves them in
-    a smaller type (float16 for float32, int16 for int32) is wrong, not merely faster."""
-    dt = np.dtype(dtype)
-    if dt in FULL_BITS:
-        word, keep, exponent = FULL_BITS[dt]
-        bits = rng.integers(0, np.iinfo(word).max, size=shape, dtype=word, endpoint=True)
-        bits &= word(keep)
-        bits |= word(exponent)
-        return bits.view(dt)
-    if dt.kind in FLOAT_KINDS:
-        out = rng.random(size=shape, dtype=np.float64)
-        out *= 4.0
-        out -= 2.0
-        return out.astype(dt, copy=False)
-    info = np.iinfo(dt)
-    return rng.integers(info.min // 16, info.max // 16, size=shape, dtype=dt, endpoint=True)
+    """Values that use every bit of the dtype's significand (`draws.full_random`), drawn
+    with a recipe a node agent can draw again (read-only)."""
+    return drawn(rng, "full", shape, dtype)
 
 
 def sum_slack(inputs: list[np.ndarray], dtype: str) -> np.ndarray:
@@ -284,14 +259,6 @@ def sum_slack(inputs: list[np.ndarray], dtype: str) -> np.ndarray:
 
 
 def random_data(rng: np.random.Generator, shape, dtype: str) -> np.ndarray:
-    """Values exactly representable in the dtype, different on every element."""
-    dt = np.dtype(dtype)
-    # drawn as small integer types: several times faster than int64 draws at 10^8 elements
-    if dt.kind in FLOAT_KINDS:
-        # small integers over 2^k: exact in float16 and up, and sums of a few of them stay exact
-        out = rng.integers(-512, 512, size=shape, dtype=np.int16).astype(dt)
-        out *= dt.type(1 / 64)  # a power of two: exact
-        return out
-    if dt.kind == "i":
-        return rng.integers(-1000, 1000, size=shape, dtype=np.int16).astype(dt)
-    return rng.integers(0, 200, size=shape, dtype=np.uint8).astype(dt)
+    """Values exactly representable in the dtype, different on every element
+    (`draws.random_data`), drawn with a recipe a node agent can draw again (read-only)."""
+    return drawn(rng, "data", shape, dtype)

@@ -143,10 +143,9 @@ def sanitizer_findings(out: Path, world: int, tool: str) -> tuple[str, str] | No
 def run_job(plan: Plan, artifact: Path, job_dir: Path, timed: bool,
             trials: bool = True, sanitize: str | None = None) -> Outcome:
     """The job runner: one job of ranks running every case of the plan (see `JobRunner`)."""
-    # through a node agent on each node (cluster.py); a job whose buffers live on GPUs keeps
-    # the one observer for now (every rank's inputs would cross the network each call: a
-    # 256 MiB case of 4 ranks timed out on the H200; docs/cluster-design.md)
-    spanning = nodes.spans(plan.nodes) and not plan.platform.staged
+    # ranks on several nodes: through a node agent on each node (cluster.py), which draws its
+    # ranks' inputs from their recipes (rank/draws.py: no input crosses the network)
+    spanning = nodes.spans(plan.nodes)
     name = cluster.job_name(job_dir) if spanning else None
     out, code, job_file = write_job(plan, artifact, job_dir, trials, sanitize, name)
     env = job_env(plan, job_dir, out, code, sanitize)

@@ -29,6 +29,8 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
+
 from .protocol import Rank, harness_words, on_this_host, socket_address
 from .wire import (
     HEARTBEAT_S,
@@ -136,8 +138,8 @@ class Agent:
         return welcome
 
     # -- frames out ------------------------------------------------------------------------
-    def send(self, kind: str, header: dict | None = None, payload: bytes = b"") -> None:
-        self.outq.append(memoryview(self.ch.pack(kind, header, payload)))
+    def send(self, kind: str, header: dict | None = None, payload=b"") -> None:
+        self.outq.extend(memoryview(part) for part in self.ch.frame(kind, header, payload))
         self.last_sent = time.monotonic()
         self.flush()
 
@@ -281,9 +283,9 @@ class Agent:
             rank.describe(header["placed"], int(header["size"]), header["feed"],
                           header["info"], int(header["version"]))
         elif kind == "INPUTS":
-            batch = int(header.get("batch", 1))
-            self.inputs[int(header["rank"])] = (
-                batch, payload if batch > 1 else unpack_arrays(header["arrays"], payload))
+            # (a drawn array's recipe is drawn here, before its rank is asked for the call)
+            self.inputs[int(header["rank"])] = (int(header.get("batch", 1)),
+                                                unpack_arrays(header["arrays"], payload))
         elif kind == "CALL":
             self.call = header
         elif kind == "SET":
@@ -311,8 +313,8 @@ class Agent:
                 return
         if number in self.inputs and step in ("prep", "gate"):
             batch, inputs = self.inputs.pop(number)
-            if batch > 1:
-                rank.feed(inputs)
+            if batch > 1:  # a batch: every call's inputs in order into the rank's feed
+                rank.feed(b"".join(np.ascontiguousarray(a).tobytes() for _n, a in inputs))
             else:
                 rank.put(inputs)
         rank.set(step, k)
@@ -326,7 +328,9 @@ class Agent:
         from .protocol import views
 
         v = views(rank.data, rank.placed)
-        meta, payload = pack_arrays([(e[0], v[e[0]]) for e in rank.placed if e[1] == "out"])
+        # (copied now: what the rank writes after this moment is not in them)
+        meta, payload = pack_arrays([(e[0], np.array(v[e[0]])) for e in rank.placed
+                                     if e[1] == "out"])
         self.send("OUTPUTS", {"rank": number, "k": k, "taken": taken, "arrays": meta}, payload)
 
     # -- the end ---------------------------------------------------------------------------

@@ -49,6 +49,12 @@ TO_AGENT, TO_CONTROLLER = b"C", b"A"
 _HEAD = struct.Struct("!IBI")
 
 
+def _bytes_view(buf) -> memoryview:
+    """A buffer as a flat view of its bytes (sent, and counted, byte by byte)."""
+    view = memoryview(buf)
+    return view if view.ndim == 1 and view.format == "B" else view.cast("B")
+
+
 class WireError(Exception):
     """The connection cannot go on: it closed, went silent, or a frame failed its check."""
 
@@ -92,23 +98,36 @@ class Channel:
         h.update(frame)
         return h.digest()
 
-    def pack(self, kind: str, header: dict | None = None, payload: bytes = b"") -> bytes:
-        """The next frame of this direction (its sequence number taken): send it next."""
+    def frame(self, kind: str, header: dict | None = None, payload=b"") -> list:
+        """The next frame of this direction as the buffers to send in order (its sequence
+        number taken): send them next. `payload`: a buffer, or a list of buffers sent one
+        after another (never joined: a case's inputs are not copied to be framed)."""
         head = json.dumps(header or {}, separators=(",", ":")).encode()
-        body = _HEAD.pack(1 + 4 + len(head) + len(payload), CODE[kind], len(head))
-        frame = b"".join((body, head, payload))
-        mac = self._mac(self.out_dir, self.sent, frame)
+        parts = [payload] if isinstance(payload, (bytes, bytearray, memoryview)) else payload
+        parts = [_bytes_view(p) for p in parts]
+        size = sum(p.nbytes for p in parts)
+        lead = _HEAD.pack(1 + 4 + len(head) + size, CODE[kind], len(head)) + head
+        h = hashlib.blake2b(digest_size=MAC_BYTES, key=self.key)
+        h.update(self.out_dir + (self.nonce or b"") + self.sent.to_bytes(8, "big"))
+        h.update(lead)
+        for p in parts:
+            h.update(p)
         self.sent += 1
-        return frame + mac
+        return [lead, *(p for p in parts if p.nbytes), h.digest()]
 
-    def send(self, kind: str, header: dict | None = None, payload: bytes = b"") -> None:
+    def pack(self, kind: str, header: dict | None = None, payload=b"") -> bytes:
+        """The next frame of this direction, whole (its sequence number taken)."""
+        return b"".join(self.frame(kind, header, payload))
+
+    def send(self, kind: str, header: dict | None = None, payload=b"") -> None:
         """A frame, sent whole (blocking; WireError where the connection is gone)."""
         with self.lock:
             if self.closed:
                 raise WireError(f"the connection to {self.peer} is closed")
-            data = self.pack(kind, header, payload)
+            parts = self.frame(kind, header, payload)
             try:
-                self.sock.sendall(data)
+                for part in parts:
+                    self.sock.sendall(part)
             except OSError as exc:
                 raise WireError(f"the connection to {self.peer} failed ({exc})") from None
             self.last_sent = time.monotonic()
@@ -136,27 +155,33 @@ class Channel:
             end = 4 + length + MAC_BYTES
             if len(self.buf) < end:
                 break
-            chunk = bytes(self.buf[:end])
-            frame, mac = memoryview(chunk)[:4 + length], chunk[4 + length:]
-            _len, code, hlen = _HEAD.unpack_from(frame)
-            if hlen > min(length - 5, MAX_HEADER):
-                raise WireError(f"{self.peer} sent a frame whose header overruns it: refused")
+            view = memoryview(self.buf)
+            frame = view[:4 + length]
             try:
-                header = json.loads(bytes(frame[9:9 + hlen]))
-            except ValueError:
-                header = None
-            if self.nonce is None and self.role == "agent" and code == CODE["CHALLENGE"] \
-                    and isinstance(header, dict):
-                try:  # the first frame names the connection's nonce its MAC covers
-                    self.nonce = bytes.fromhex(str(header.get("nonce", "")))
+                mac = bytes(view[4 + length:end])
+                _len, code, hlen = _HEAD.unpack_from(frame)
+                if hlen > min(length - 5, MAX_HEADER):
+                    raise WireError(f"{self.peer} sent a frame whose header overruns it: "
+                                    "refused")
+                try:
+                    header = json.loads(bytes(frame[9:9 + hlen]))
                 except ValueError:
-                    self.nonce = b""
-            want = self._mac(self.in_dir, self.got, frame)
-            if not hmac.compare_digest(want, mac):
-                raise WireError(f"frame {self.got} from {self.peer} failed its check (a "
-                                "wrong key, or a frame altered, replayed or reordered): "
-                                "refused")
-            payload = bytes(frame[9 + hlen:])
+                    header = None
+                if self.nonce is None and self.role == "agent" and code == CODE["CHALLENGE"] \
+                        and isinstance(header, dict):
+                    try:  # the first frame names the connection's nonce its MAC covers
+                        self.nonce = bytes.fromhex(str(header.get("nonce", "")))
+                    except ValueError:
+                        self.nonce = b""
+                want = self._mac(self.in_dir, self.got, frame)
+                if not hmac.compare_digest(want, mac):
+                    raise WireError(f"frame {self.got} from {self.peer} failed its check (a "
+                                    "wrong key, or a frame altered, replayed or reordered): "
+                                    "refused")
+                payload = bytes(frame[9 + hlen:])  # the one copy a frame's payload costs
+            finally:
+                frame.release()
+                view.release()
             del self.buf[:end]
             self.got += 1
             if code not in NAME or not isinstance(header, dict):
@@ -275,29 +300,53 @@ def best_offset(samples: list[tuple[float, float, float]]) -> tuple[float, float
 
 
 # -- arrays --------------------------------------------------------------------------------
-def pack_arrays(arrays) -> tuple[list, bytes]:
-    """(name, array) pairs as a header's list [name, dtype, shape] and one payload."""
+def pack_arrays(arrays, recipes: bool = False) -> tuple[list, list]:
+    """(name, array) pairs as a header's list [name, dtype, shape] and the payload's parts
+    (buffers, sent in order: `Channel.send` takes them as they are). `recipes`: an array
+    drawn with a recipe (`draws.recipe_of`) goes as [name, dtype, shape, recipe] with no
+    bytes; the agent draws it (`unpack_arrays`)."""
     import numpy as np
+
+    from .draws import recipe_of
 
     meta, parts = [], []
     for name, a in arrays:
+        recipe = recipe_of(a) if recipes else None
+        if recipe is not None:
+            meta.append([name, a.dtype.str, [int(x) for x in a.shape], recipe])
+            continue
         a = np.ascontiguousarray(a)
         meta.append([name, a.dtype.str, [int(x) for x in a.shape]])
-        parts.append(a.tobytes())
-    return meta, b"".join(parts)
+        if a.nbytes:
+            parts.append(memoryview(a).cast("B"))
+    return meta, parts
 
 
 def unpack_arrays(meta, payload: bytes) -> list:
     """The (name, array) pairs `pack_arrays` made (numeric dtypes only; WireError where the
-    sizes do not add up)."""
+    sizes do not add up, or a recipe does not make what its entry says): a recipe's array is
+    drawn here."""
     import numpy as np
+
+    from .draws import RecipeError, make
 
     out, at = [], 0
     try:
-        for name, dtype, shape in meta:
+        for entry in meta:
+            name, dtype, shape = entry[:3]
             dt = np.dtype(dtype)
             if dt.kind not in "biufc" or dt.hasobject:
                 raise WireError(f"an array of dtype {dtype!r} is refused")
+            if len(entry) == 4:
+                try:
+                    a = make(entry[3])
+                except RecipeError as exc:
+                    raise WireError(str(exc)) from None
+                if a.dtype != dt or list(a.shape) != [int(x) for x in shape]:
+                    raise WireError(f"a recipe made {a.dtype}{list(a.shape)} where its entry "
+                                    f"said {dt}{list(shape)}")
+                out.append((str(name), a))
+                continue
             n = 1
             for x in shape:
                 n *= int(x)

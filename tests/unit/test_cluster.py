@@ -183,6 +183,25 @@ def test_an_honest_solution_passes_the_late_trials_through_an_agent(tmp_path, mo
 
 
 @pytest.mark.parametrize("staged", [True, False], ids=["staged", "host"])
+def test_drawn_inputs_cross_as_recipes_and_the_agent_draws_them(tmp_path, monkeypatch, staged):
+    """No input byte crosses to the agent: every INPUTS frame names its arrays' recipes, and
+    the sums the honest all-reduce makes of what the agent drew pass the oracle."""
+    sent = []
+    real = cluster.RemoteRanks.send
+
+    def send(self, node, kind, header, payload=b""):
+        if kind == "INPUTS":
+            parts = payload if isinstance(payload, list) else [payload]
+            sent.append((header["arrays"], sum(memoryview(p).nbytes for p in parts)))
+        return real(self, node, kind, header, payload)
+
+    monkeypatch.setattr(cluster.RemoteRanks, "send", send)
+    assert _judge(tmp_path, monkeypatch, "honest", staged) == []
+    assert len(sent) >= 2 * 3  # every rank's inputs of every trial
+    assert all(n == 0 and meta and all(len(e) == 4 for e in meta) for meta, n in sent), sent
+
+
+@pytest.mark.parametrize("staged", [True, False], ids=["staged", "host"])
 def test_outputs_a_peer_completes_later_are_wrong_through_an_agent(tmp_path, monkeypatch,
                                                                    staged):
     """The agent takes each rank's outputs at its own completion (staged: it asks for the

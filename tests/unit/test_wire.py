@@ -230,3 +230,63 @@ def test_the_job_s_key_never_reaches_the_ranks_environment(monkeypatch):
 
     monkeypatch.setenv(wire.KEY_ENV, KEY.hex())
     assert wire.KEY_ENV not in mpi_env()
+
+
+def test_a_drawn_input_crosses_as_its_recipe_and_the_agent_draws_the_same_bytes(pair):
+    from pytest_commbench.checks.base import full_random, random_data
+
+    a, b = pair
+    ctl, agent, _got = _shake(a, b)
+    rng = np.random.default_rng(5)
+    big = full_random(rng, (1 << 16,), "float32")
+    small = random_data(rng, (3, 4), "int32")
+    made = np.arange(6, dtype=np.float64)  # made by the oracle, not drawn: its bytes go
+    part = big[:8]  # a slice of a drawn array has no recipe of its own
+    meta, parts = wire.pack_arrays([("big", big), ("small", small), ("made", made),
+                                    ("part", part)], recipes=True)
+    assert [len(e) for e in meta] == [4, 4, 3, 3]
+    assert sum(memoryview(p).nbytes for p in parts) == made.nbytes + part.nbytes
+    ctl.send("INPUTS", {"rank": 0, "arrays": meta}, parts)
+    kind, header, body = agent.recv(2)
+    assert len(body) == made.nbytes + part.nbytes
+    back = dict(wire.unpack_arrays(header["arrays"], body))
+    for name, want in [("big", big), ("small", small), ("made", made), ("part", part)]:
+        assert back[name].dtype == want.dtype and back[name].tobytes() == want.tobytes(), name
+    # without recipes (the one-node path, or a controller that sends bytes) the same arrays
+    meta, parts = wire.pack_arrays([("big", big)])
+    assert len(meta[0]) == 3 and memoryview(parts[0]).nbytes == big.nbytes
+
+
+def test_a_drawn_array_is_read_only_and_one_made_from_it_has_no_recipe():
+    from pytest_commbench.checks.base import full_random
+    from pytest_commbench.rank.draws import recipe_of
+
+    x = full_random(np.random.default_rng(1), 16, "float16")
+    assert recipe_of(x) is not None and not x.flags.writeable
+    with pytest.raises(ValueError):
+        x[0] = 1
+    for other in (x.copy(), x + 0, x[1:], np.array(x), x.view(np.uint16)):
+        assert recipe_of(other) is None
+    # two draws from one generator differ; the same recipe draws the same bytes again
+    rng = np.random.default_rng(2)
+    y, z = full_random(rng, 16, "float32"), full_random(rng, 16, "float32")
+    assert recipe_of(y)["seed"] != recipe_of(z)["seed"]
+    from pytest_commbench.rank.draws import make
+
+    assert make(recipe_of(y)).tobytes() == y.tobytes()
+
+
+@pytest.mark.parametrize("recipe", [
+    {"draw": "eval", "seed": [1, 2], "shape": [4], "dtype": "<f4"},
+    {"draw": "full", "seed": [1], "shape": [4], "dtype": "<f4"},
+    {"draw": "full", "seed": [1, 2], "shape": [-4], "dtype": "<f4"},
+    {"draw": "full", "seed": [1, 2], "shape": [1 << 20, 1 << 20], "dtype": "<f4"},
+    {"draw": "full", "seed": [1, 2], "shape": [4], "dtype": "|O"},
+    {"draw": "full", "seed": [1, 2], "shape": [4], "dtype": "<f8"},  # not the entry's dtype
+    {"draw": "full", "seed": [1, 2], "shape": [5], "dtype": "<f4"},  # not the entry's shape
+    {"seed": [1, 2]},
+    "full",
+])
+def test_a_recipe_that_makes_something_else_or_nothing_is_refused(recipe):
+    with pytest.raises(WireError):
+        wire.unpack_arrays([["x", "<f4", [4], recipe]], b"")
