@@ -33,7 +33,7 @@ from .observer_call import Call, JobEnded
 from .observer_checks import spot_check
 from .observer_phases import Timing
 from .observer_wire import call_info, input_arrays
-from .rank import wire
+from .rank import draws, wire
 from .rank.protocol import SOCKET, STEP_ANSWER, STEP_BEGUN, WORDS, views
 from .verdicts import Verdict
 
@@ -107,6 +107,9 @@ class AgentLink:
     ch: wire.Channel
     offset: float = 0.0  # agent clock - controller clock
     skew: float = 0.0  # the offset's uncertainty (half the best round trip)
+    # whether the agent draws what this controller draws from a recipe (the same numpy):
+    # else its ranks' inputs go as bytes
+    recipes: bool = False
 
 
 def agent_address() -> str:
@@ -267,7 +270,8 @@ class RemoteRanks:
             ch.close()  # closed unread: nothing it said counts
             return
         ch.peer = f"the agent on node {self.nodes[node]}"
-        self.agents[node] = AgentLink(node, str(hello.get("host", "")), ch)
+        self.agents[node] = AgentLink(node, str(hello.get("host", "")), ch,
+                                      recipes=hello.get("draws") == draws.fingerprint())
 
     def _sync(self, link: AgentLink) -> None:
         samples = []
@@ -441,7 +445,8 @@ class RemoteRanks:
     def _inputs(self, i: int, trials: list[Trial]) -> None:
         """Rank i's inputs of this call to its agent: a drawn array as its recipe (the agent
         draws it: `rank/draws.py`), any other as its bytes."""
-        meta, parts = wire.pack_arrays(input_arrays(i, trials), recipes=True)
+        meta, parts = wire.pack_arrays(input_arrays(i, trials),
+                                       recipes=self.agents[self.node_of[i]].recipes)
         self.send(self.node_of[i], "INPUTS", {"rank": i, "batch": len(trials), "arrays": meta},
                   parts)
 

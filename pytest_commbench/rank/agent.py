@@ -31,6 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
+from . import draws
 from .protocol import Rank, harness_words, on_this_host, socket_address
 from .wire import (
     HEARTBEAT_S,
@@ -132,7 +133,8 @@ class Agent:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.ch = Channel(sock, self.key, "agent", "the controller")
         welcome = agent_handshake(self.ch, self.job, self.node,
-                                  {"host": self.host, "pid": os.getpid()})
+                                  {"host": self.host, "pid": os.getpid(),
+                                   "draws": draws.fingerprint()})
         sock.setblocking(False)
         self.last_sent = time.monotonic()
         return welcome

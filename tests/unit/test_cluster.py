@@ -199,6 +199,11 @@ def test_drawn_inputs_cross_as_recipes_and_the_agent_draws_them(tmp_path, monkey
     assert _judge(tmp_path, monkeypatch, "honest", staged) == []
     assert len(sent) >= 2 * 3  # every rank's inputs of every trial
     assert all(n == 0 and meta and all(len(e) == 4 for e in meta) for meta, n in sent), sent
+    # an agent whose draws differ from the controller's (another numpy) is sent the bytes
+    sent.clear()
+    monkeypatch.setattr(cluster.draws, "fingerprint", lambda: "another installation's")
+    assert _judge(tmp_path / "bytes", monkeypatch, "honest", staged) == []
+    assert sent and all(n > 0 and all(len(e) == 3 for e in meta) for meta, n in sent), sent
 
 
 @pytest.mark.parametrize("staged", [True, False], ids=["staged", "host"])
