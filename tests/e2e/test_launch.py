@@ -58,7 +58,10 @@ def test_a_job_never_outlives_the_pytest_that_started_it(bench, processes_with, 
         proc = subprocess.Popen(
             [sys.executable, "-m", "pytest", "suites", "-p", "no:cacheprovider",
              f"--commbench-model=dir:{hang}", "--platform=cpu", "--commbench-timeout=300"],
-            cwd=bench.root, stdout=out, stderr=subprocess.STDOUT)
+            cwd=bench.root, stdout=out, stderr=subprocess.STDOUT,
+            # as from a terminal: the signals this test sends act (a run under nohup ignores
+            # SIGHUP, and a child inherits an ignored signal)
+            preexec_fn=_default_stop_signals)
     marker = str(bench.root).encode()
 
     def ranks() -> list[int]:  # the job's processes: sandbox, launcher and ranks
@@ -84,6 +87,11 @@ def test_a_job_never_outlives_the_pytest_that_started_it(bench, processes_with, 
     assert ranks() == [], f"job processes alive {gone:.1f} s after {sig.name}"
     assert proc.returncode == -sig, proc.returncode
     print(f"{sig.name}: the job was gone {gone:.2f} s after the signal")
+
+
+def _default_stop_signals() -> None:
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_DFL)
 
 
 def _table(pids: list[int]) -> str:
