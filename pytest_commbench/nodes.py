@@ -23,10 +23,11 @@ its message saying where they landed.
 
 Only mpirun is exercised on simulated hosts (`simhosts.py`); srun runs a job's ranks on one
 node under a real Slurm (tests/system/test_slurm.py); flux run is built as its manual
-describes, untested against a real Flux. A sandboxed job launches with mpirun only (on other
-nodes, a sandbox per node: `sandbox.wrap_over_nodes`): srun's and flux run's ranks are started
-by their daemons, outside any sandbox of the job, so with them a sandboxed item is skipped
-saying so.
+describes, untested against a real Flux. A sandboxed job launched by mpirun runs in one
+sandbox per node (`sandbox.wrap_over_nodes`); one launched by srun runs each rank in a
+sandbox of its own, started by slurmd (`sandbox.rank_wrap`), srun outside. flux run's ranks
+are started by the Flux broker, outside any sandbox of the job: with it a sandboxed item is
+skipped saying so.
 """
 
 from __future__ import annotations
@@ -281,7 +282,7 @@ class Placement:
     source: str = ""  # where the nodes came from, for messages
     here: str = ""  # the controller's hostname
     per_node_said: int | None = None  # what the allocation says every node takes alike
-    sandboxed: bool = True  # jobs run in their sandboxes (with mpirun, one per node)
+    sandboxed: bool = True  # jobs run in their sandboxes (mpirun: one per node; srun: per rank)
 
     def __post_init__(self) -> None:
         if not self.nodes:
@@ -326,17 +327,17 @@ class Placement:
             nodes = self.layout(world, span)
         except PlacementError as exc:
             return str(exc)
-        if self.sandboxed and self.launcher.kind != "mpirun":
-            # srun's ranks are started by slurmd, flux run's by the Flux broker: never inside
-            # the job's sandbox (where srun, besides, cannot reach munge's socket)
-            by = "slurmd" if self.launcher.kind == "srun" else "the Flux broker"
+        if self.sandboxed and self.launcher.kind == "flux":
+            # flux run's ranks are started by the Flux broker, outside the job's sandbox
+            # (srun's run each in a sandbox of its own: sandbox.rank_wrap)
             far = away(nodes, self.here)
             where = (f"its ranks would run on {', '.join(far)}, not on this host "
                      f"({self.here}); " if far else "")
-            return (f"{where}{self.launcher.kind} starts each rank through {by}, outside the "
-                    f"job's sandbox: sandboxed jobs launch with mpirun only (its daemons, in a "
-                    f"sandbox per node), not with {self.launcher.kind} "
-                    "(--commbench-unsandboxed launches with it; docs/cluster-design.md)")
+            return (f"{where}flux run starts each rank through the Flux broker, outside the "
+                    "job's sandbox: sandboxed jobs launch with mpirun (its daemons, in a "
+                    "sandbox per node) or srun (each rank in a sandbox of its own), not with "
+                    "flux run (--commbench-unsandboxed launches with it; "
+                    "docs/cluster-design.md)")
         return None
 
 

@@ -12,7 +12,9 @@ job's files, the project tree) is subtracted where it lies inside a kept tree. `
 says once per process whether namespaces work here; where they do not, an item is
 `infra_error` with the reason unless the user passed `--commbench-unsandboxed`. A job whose
 ranks run on other nodes has one sandbox per node (`wrap_over_nodes`: mpirun's here, its
-daemon's on each other node, started outside by `remote_start.py`'s broker).
+daemon's on each other node, started outside by `remote_start.py`'s broker). A job whose
+ranks srun starts has one sandbox per rank, started by slurmd (`rank_wrap`, `rank_plan`),
+srun outside.
 
 A job's limits travel in its plan (`default_limits`, any of them changed by `plan`'s
 `limits`): `pids_max` processes and threads for the whole job (a pids cgroup of its own
@@ -41,6 +43,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from . import sandbox_init
 from .launch import drained, find_mpiexec
 from .rank.protocol import LIMIT_EXIT, SANDBOX_FAILED
 from .remote_start import CONFIG as REMOTE_CONFIG
@@ -363,6 +366,83 @@ def wrap(job_dir: Path, argv: list[str], env: dict[str, str], hide: Iterable[Pat
         raise RuntimeError("unshare (util-linux) is not installed")
     spec = plan(job_dir, argv, env, hide, keep, limits, also_keep)
     return [*prefix, sys.executable, "-I", "-S", str(INIT), json.dumps(spec)]
+
+
+#: what of its own environment a rank's sandbox takes from the daemon that started it
+#: (sandbox_init's `inherit`): who wins where the plan names the variable too
+RANK_INHERIT = {"SLURM_*": "launcher", "SLURMD_*": "launcher", "PMIX_*": "launcher",
+                "PMI_*": "launcher", "FLUX_*": "launcher", "OMPI_*": "plan",
+                "CUDA_VISIBLE_DEVICES": "launcher", "ROCR_VISIBLE_DEVICES": "launcher",
+                "HIP_VISIBLE_DEVICES": "launcher", "GPU_DEVICE_ORDINAL": "launcher"}
+#: the variables naming the PMIx server's folders a rank reaches (sandbox_init's
+#: `bind_env`), read-only: the job step's own (Slurm's SlurmdSpoolDir/pmix.JOB.STEP/: the
+#: shared store of PMIx 4's ds12/ds21). A PMIx 4 client would write the store's lock files:
+#: read-only, it says "PMIX ERROR ... gds_ds12_lock_pthread.c" once and fetches what it
+#: needs over its connection instead (Open MPI 5's own PMIx has no such store); writable,
+#: a rank could fill slurmd's spool disk. Its rendezvous is the TCP address in
+#: PMIX_SERVER_URI*. Not PMIX_SYSTEM_TMPDIR: a client given its server's URI never looks
+#: there, and it is where system-wide servers leave their rendezvous for tools (here it is
+#: /tmp, which stays the rank's own)
+RANK_BIND_ENV = {"PMIX_SERVER_TMPDIR": "ro", "PMIX_DSTORE_21_BASE_PATH": "ro",
+                 "PMIX_DSTORE_ESH_BASE_PATH": "ro"}
+#: the variables whose value is a rank's PID in its sandbox (sandbox_init's `pid_env`): the
+#: task's PID on the host, unique on the node (Open MPI's shared memory needs the ranks of a
+#: node to have PIDs of their own)
+RANK_PID_ENV = ("SLURM_TASK_PID",)
+#: the rank plan's file in the job's ro/, and the folder of each node's /dev/shm its ranks share
+RANK_PLAN = "sandbox-rank.json"
+SHM_ROOT = "/dev/shm"
+
+
+def no_single_copy(env: Mapping[str, str], major: int | None) -> dict[str, str]:
+    """Open MPI's settings that turn its single copy between ranks of one node (CMA) off:
+    process_vm_readv needs the peer's PID and ptrace rights, which ranks in sandboxes of
+    their own (PID and user namespaces of their own) do not have. (Open MPI 5.0's smsc/cma
+    sees the peer in another user namespace and stays off by itself: a job with
+    OMPI_MCA_smsc=cma forced passes; the setting says so for every version.) The user's
+    choice stays."""
+    if major == 4:
+        key, value = "OMPI_MCA_btl_vader_single_copy_mechanism", "none"
+    else:
+        key, value = "OMPI_MCA_smsc", "^cma"
+    return {} if key in env else {key: value}
+
+
+def rank_wrap(job_dir: Path) -> list[str]:
+    """The words put before each rank's program where a batch system's launcher (srun)
+    starts the ranks: each rank in a sandbox of its own, `sandbox_init.py @PLAN -- PROGRAM`,
+    the plan (`rank_plan`, written before the job starts) in the job's `ro/`, which no
+    sandbox can change, and sandbox_init a copy there (the package may not be on the ranks'
+    nodes). The launcher, its daemons and munge stay outside every sandbox."""
+    prefix = unshare_argv()
+    if prefix is None:
+        raise RuntimeError("unshare (util-linux) is not installed")
+    ro = Path(job_dir) / "ro"
+    init = ro / INIT.name
+    shutil.copyfile(INIT, init)
+    return [*prefix, sys.executable, "-I", "-S", str(init), f"@{ro / RANK_PLAN}", "--"]
+
+
+def rank_plan(job_dir: Path, env: dict[str, str], hide: Iterable[Path],
+              keep: Iterable[Path | str] | None = None,
+              limits: Mapping[str, Any] | None = None) -> dict:
+    """The plan of every rank's sandbox (`rank_wrap`), written in the job's `ro/`: `plan`'s
+    view and env, and besides the variables the launcher's daemon set for the rank
+    (`RANK_INHERIT`), its PMIx server's folder read-only (`RANK_BIND_ENV`), one /dev/shm
+    folder of the job per node shared by the node's ranks (a folder of the host's /dev/shm
+    named after the job, removed by the node's last sandbox to end) and Open MPI's single
+    copy off (`no_single_copy`). Its limits are `plan`'s for each rank, with no pids
+    cgroup: the controller's cgroup is not on the ranks' nodes, and slurmd tracks its tasks
+    in its own (RLIMIT_NPROC, else sandbox_init's count, per rank)."""
+    spec = plan(job_dir, ["/bin/false"], env, hide, keep, {**(limits or {}), "cgroup": None})
+    spec["env"] = {**env, **no_single_copy(env, open_mpi_major(find_mpiexec() or "mpiexec"))}
+    spec["inherit"] = dict(RANK_INHERIT)
+    spec["bind_env"] = dict(RANK_BIND_ENV)
+    spec["pid_env"] = list(RANK_PID_ENV)
+    spec["shared_shm"] = (f"{SHM_ROOT}/{sandbox_init.SHM_PREFIX}{Path(job_dir).name}-"
+                          f"{secrets.token_hex(6)}")
+    (Path(job_dir) / "ro" / RANK_PLAN).write_text(json.dumps(spec))
+    return spec
 
 
 REMOTE_START = Path(__file__).with_name("remote_start.py")

@@ -23,6 +23,32 @@ allow-list, then starts the launcher with no capabilities and waits:
 - the job's own folder is bound writable at its own path, except its `ro/` part (job file,
   solution, rank code), which stays read-only.
 
+A rank started by a batch system's launcher (srun) runs in a sandbox of its own, from a plan
+that says besides (`sandbox.rank_plan`):
+
+- `inherit`: the variables the launcher's daemon set for this rank (they differ per rank),
+  taken from this process's own environment: a mapping of a name, or a prefix ending in
+  `*`, to who wins where the plan's env names the variable too: "launcher" (its value) or
+  "plan" (the plan's; the launcher's only fills in). Nothing else of this process's
+  environment reaches the job;
+- `bind_env`: variables whose values (from this process's environment) name folders bound
+  at their own path, each read-only ("ro") or writable ("rw", a mount of its own wherever
+  it lies): the launcher's PMIx server's folder of the job step; a value that is not an
+  absolute folder, or is the root, is left out, and one of the job's fresh mounts (/tmp)
+  stays the job's;
+- `pid_env`: variables of this process's environment, the first of which that holds a
+  number is the launcher's PID in this sandbox (`ns_last_pid`; srun's SLURM_TASK_PID, the
+  task's PID on the host, unique on the node): ranks of a node must have PIDs of their own,
+  since Open MPI takes a shared-memory segment whose creator's PID is its own for one of
+  its own and never maps it (every rank would be PID 2);
+- `shared_shm`: a folder of the host's /dev/shm (made here where missing, mode 0700) bound
+  writable as the job's /dev/shm instead of a fresh tmpfs: the ranks of one node, each in a
+  sandbox of its own, share their shared memory through it. Every sandbox holds a shared
+  lock on it; the last to end on the node removes it, and one that none holds and nothing
+  touched for `SHM_STALE_S` (its job's sandboxes were killed) is removed by the next
+  sandbox. Its size is measured every tick against `tmpfs_bytes` of /dev/shm (each rank's
+  sandbox stops its rank above it).
+
 The launcher runs in the job's folder with an empty capability bounding set and
 no_new_privs, so it and every rank can neither undo a mount nor gain a capability; mounts
 inherited by any namespace they create are locked by the kernel. When the launcher ends,
@@ -67,11 +93,13 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import fcntl
 import json
 import os
 import re
 import resource
 import select
+import shutil
 import signal
 import stat
 import sys
@@ -185,7 +213,7 @@ class View:
     bound (from descriptors opened now), covered, made fresh, and which links are made."""
 
     # on one path: the job's folder over a fresh tmpfs over a kept tree over a hidden one
-    RANK = {"job": 0, "tmpfs": 1, "bind": 2, "cover": 3}
+    RANK = {"job": 0, "tmpfs": 1, "shared": 1, "bind": 2, "cover": 3}
 
     def __init__(self, scratch: dict[str, str] | None = None) -> None:
         self.entries: dict[str, tuple[str, int | None]] = {}  # path -> (kind, source fd)
@@ -216,6 +244,14 @@ class View:
         if old is not None and old[1] is not None:
             os.close(old[1])
         self.entries[path] = ("tmpfs", None)
+
+    def share(self, path: str, fd: int) -> None:
+        """Plan the folder open as `fd` bound writable on `path` (a scratch mount's place:
+        the node's shared /dev/shm)."""
+        old = self.entries.get(path)
+        if old is not None and old[1] is not None:
+            os.close(old[1])
+        self.entries[path] = ("shared", fd)
 
     def nearest(self, path: str) -> str | None:
         """The kind of the innermost entry strictly above `path` (None: the fresh root)."""
@@ -253,7 +289,9 @@ class View:
                     os.close(os.open(at, os.O_CREAT | os.O_WRONLY | os.O_CLOEXEC, 0o644))
             else:
                 os.makedirs(at, exist_ok=True)
-            if kind in ("bind", "job"):
+            if kind == "shared":
+                mount(f"/proc/self/fd/{fd}", at, None, MS_BIND)
+            elif kind in ("bind", "job"):
                 mount(f"/proc/self/fd/{fd}", at, None, MS_BIND | MS_REC)
                 if path == "/dev":
                     mask_block_devices(at, null_fd)
@@ -311,7 +349,135 @@ def scratch_options(limits: dict) -> dict[str, str]:
     return options
 
 
-def build(plan: dict) -> str:
+def matches(name: str, pattern: str) -> bool:
+    return name.startswith(pattern[:-1]) if pattern.endswith("*") else name == pattern
+
+
+def job_env(plan: dict, environ: dict[str, str] | None = None) -> dict[str, str]:
+    """The launcher's environment: the plan's `env`, with what its `inherit` takes from
+    this process's environment (the variables a batch system's daemon set for this rank)."""
+    environ = os.environ if environ is None else environ
+    env = dict(plan["env"])
+    rules = plan.get("inherit") or {}
+    for name, value in environ.items():
+        wins = [w for p, w in rules.items() if matches(name, p)]
+        if not wins:
+            continue
+        if name not in env or "launcher" in wins:
+            env[name] = value
+    return env
+
+
+def env_binds(plan: dict, environ: dict[str, str] | None = None) -> list[tuple[str, bool]]:
+    """(folder, writable) of each folder the plan's `bind_env` names through this process's
+    environment (a mapping of a variable's name to "ro" or "rw"), in order, each once (the
+    first mention's mode)."""
+    environ = os.environ if environ is None else environ
+    found: dict[str, bool] = {}
+    for name, mode in (plan.get("bind_env") or {}).items():
+        value = environ.get(name, "")
+        if not value.startswith("/"):
+            continue
+        path = os.path.normpath(value)
+        if path == "/" or os.path.realpath(path) == "/" or not os.path.isdir(path):
+            continue
+        found.setdefault(path, mode == "rw")
+    return list(found.items())
+
+
+def launcher_pid(plan: dict, environ: dict[str, str] | None = None) -> int | None:
+    """The PID the plan's `pid_env` asks for the launcher, if any (at least 2: this process
+    is 1)."""
+    environ = os.environ if environ is None else environ
+    for name in plan.get("pid_env") or ():
+        value = environ.get(name, "").strip()
+        if value.isdigit() and int(value) >= 2:
+            return int(value)
+    return None
+
+
+def last_pid_file(plan: dict) -> int | None:
+    """/proc/sys/kernel/ns_last_pid of this PID namespace, open for writing before the view
+    makes /proc/sys read-only, where the plan asks for the launcher's PID."""
+    if launcher_pid(plan) is None:
+        return None
+    return os.open("/proc/sys/kernel/ns_last_pid", os.O_WRONLY | os.O_CLOEXEC)
+
+
+SHM_PREFIX = "commbench-shm-"  # the shared /dev/shm folders' names begin so
+SHM_STALE_S = 60.0  # an unheld folder untouched this long is a dead job's
+
+
+def sweep_shm(parent: int, keep: str, now: float | None = None) -> None:
+    """Remove the shared /dev/shm folders (in the folder open as `parent`) that no sandbox
+    holds and that nothing touched for SHM_STALE_S: those of jobs whose every sandbox on this
+    node was killed (SIGKILL leaves no time to remove one); only this user's."""
+    now = time.time() if now is None else now
+    try:
+        names = os.listdir(parent)
+    except OSError:
+        return
+    for name in names:
+        if not name.startswith(SHM_PREFIX) or name == keep:
+            continue
+        try:
+            fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
+                         dir_fd=parent)
+        except OSError:
+            continue
+        try:
+            st = os.fstat(fd)
+            if st.st_uid != os.getuid() or now - st.st_mtime < SHM_STALE_S:
+                continue
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                continue  # a sandbox of its job still runs
+            shutil.rmtree(name, dir_fd=parent, ignore_errors=True)
+        finally:
+            os.close(fd)
+
+
+class SharedShm:
+    """The node's shared /dev/shm folder of the job (the plan's `shared_shm`): made where
+    missing, held with a shared lock while this sandbox lives, removed by the last sandbox
+    of the node to end (the one that gets the lock alone); a dead job's, by the next."""
+
+    def __init__(self, path: str) -> None:
+        parent, self.name = os.path.split(os.path.normpath(path))
+        if not self.name.startswith(SHM_PREFIX) or not parent.startswith("/"):
+            raise SetupError(f"shared /dev/shm folder {path!r}")
+        self.parent = os.open(parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        sweep_shm(self.parent, self.name)
+        try:
+            try:
+                os.mkdir(self.name, 0o700, dir_fd=self.parent)
+            except FileExistsError:
+                pass
+            self.fd = os.open(self.name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
+                              | os.O_CLOEXEC, dir_fd=self.parent)
+        except OSError:
+            os.close(self.parent)
+            raise
+        try:
+            fcntl.flock(self.fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except OSError:
+            pass  # held alone by another sandbox's last look: this one removes nothing
+
+    def remove(self) -> None:
+        """Remove the folder if no other sandbox holds it (every process of this one is
+        gone by then)."""
+        try:
+            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            pass  # another sandbox of the node still runs: the last one removes it
+        else:
+            shutil.rmtree(self.name, dir_fd=self.parent, ignore_errors=True)
+        os.close(self.fd)
+        os.close(self.parent)
+
+
+def build(plan: dict, shm: SharedShm | None = None) -> str:
     """Build the job's view; returns the job's folder (its path with no link in it)."""
     mount(None, "/", None, MS_REC | MS_PRIVATE)
     view = View(scratch_options(plan.get("limits") or {}))
@@ -320,8 +486,21 @@ def build(plan: dict) -> str:
     for path in HOST:
         if view.add(path, "bind") is None:
             raise SetupError(f"{path} is missing")
+    binds = env_binds(plan)
+    for path, rw in binds:
+        if not rw:
+            view.add(path, "bind")
     for path in SCRATCH:
         view.fresh(path)
+    shared = []  # mounted of their own wherever they lie, and left writable (below)
+    for path, rw in binds:
+        links, real = walk(path)
+        if rw and real not in SCRATCH:
+            view.links.update(links)
+            view.share(real, os.open(real, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC))
+            shared.append(real)
+    if shm is not None:
+        view.share("/dev/shm", os.dup(shm.fd))
     for path in plan["hide"]:
         view.add(path, "cover")
     if os.path.islink("/var/run"):
@@ -337,7 +516,7 @@ def build(plan: dict) -> str:
     view.close()
     os.close(null_fd)
     pivot(stage)
-    writable = {*SCRATCH, job, "/proc"}
+    writable = {*SCRATCH, job, "/proc", *shared}
     # every mount read-only but the writable ones; a remount keeps the flags the kernel locked
     for point, flags in mount_points():
         if point in writable or inside(point, "/proc") and point != "/proc/sys":
@@ -528,9 +707,14 @@ class Watch:
     """The limits the kernel does not hold for the job: its folder's size, the disk's free
     space, and (where no cgroup or RLIMIT_NPROC counts them) its processes."""
 
-    def __init__(self, limits: dict, folder: str, count_tasks: bool) -> None:
+    def __init__(self, limits: dict, folder: str, count_tasks: bool,
+                 shared_shm: str | None = None) -> None:
         self.folder = folder
         self.pids = int(limits.get("pids_max") or 0) if count_tasks else 0
+        # a /dev/shm shared by the node's ranks (no tmpfs of this job's own to hold its size)
+        sizes = limits.get("tmpfs_bytes") or {}
+        size = sizes.get("/dev/shm") if isinstance(sizes, dict) else sizes
+        self.shm, self.shm_bytes = (shared_shm, int(size)) if shared_shm and size else (None, 0)
         self.files = int(limits.get("scratch_files") or 0) or None
         self.reserve = int(limits.get("disk_reserve_bytes") or 0)
         quota = int(limits.get("scratch_bytes") or 0) or None
@@ -557,6 +741,11 @@ class Watch:
             if count > self.pids:
                 return (f"the job ran {count} processes and threads at once, more than its "
                         f"limit of {self.pids}")
+        if self.shm:
+            used, _ = usage(self.shm, self.shm_bytes)
+            if used > self.shm_bytes:
+                return (f"the job's ranks on this node hold {_size(used)} in /dev/shm, more "
+                        f"than its limit of {_size(self.shm_bytes)}")
         if self.budget is None and self.files is None:
             return None
         now = time.monotonic()
@@ -645,17 +834,27 @@ def main() -> int:
         sys.stderr.write(f"[commbench sandbox] set-up failed: {exc}\n")
         return SETUP_FAILED
     limits = plan.get("limits") or {}
+    try:
+        shm = SharedShm(plan["shared_shm"]) if plan.get("shared_shm") else None
+    except (SetupError, OSError) as exc:
+        sys.stderr.write(f"[commbench sandbox] set-up failed: the shared /dev/shm: {exc}\n")
+        return SETUP_FAILED
     group = make_cgroup(limits)
     try:
-        return run(plan, limits, group)
+        return run(plan, limits, group, shm)
     finally:
         if group is not None:
             group.remove()
+        if shm is not None:
+            shm.remove()
 
 
-def run(plan: dict, limits: dict, group: PidsCgroup | None) -> int:
+def run(plan: dict, limits: dict, group: PidsCgroup | None,
+        shm: SharedShm | None = None) -> int:
     try:
-        job = build(plan)
+        env = job_env(plan)
+        last_pid = last_pid_file(plan)
+        job = build(plan, shm)
     except (SetupError, OSError) as exc:
         # the sandbox could not be built (the controller reads this as infra_error)
         sys.stderr.write(f"[commbench sandbox] set-up failed: {exc}\n")
@@ -669,6 +868,14 @@ def run(plan: dict, limits: dict, group: PidsCgroup | None) -> int:
     lifeline = plan.get("lifeline") == "stdin"
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGCHLD})
     go_r, go_w = os.pipe()
+    if last_pid is not None:  # the next PID of this namespace is the launcher's
+        try:
+            os.write(last_pid, str(launcher_pid(plan) - 1).encode())
+        except OSError as exc:
+            sys.stderr.write(f"[commbench sandbox] set-up failed: the launcher's PID: {exc}\n")
+            return SETUP_FAILED
+        finally:
+            os.close(last_pid)
     pid = os.fork()
     if pid == 0:
         try:
@@ -689,7 +896,7 @@ def run(plan: dict, limits: dict, group: PidsCgroup | None) -> int:
                 os.dup2(null, 0)
                 os.close(null)
             signal.pthread_sigmask(signal.SIG_SETMASK, set())
-            os.execvpe(plan["argv"][0], plan["argv"], plan["env"])
+            os.execvpe(plan["argv"][0], plan["argv"], env)
         except BaseException as exc:  # noqa: BLE001 - report and leave
             sys.stderr.write(f"[commbench sandbox] could not start the launcher: {exc}\n")
         os._exit(SETUP_FAILED)
@@ -702,7 +909,8 @@ def run(plan: dict, limits: dict, group: PidsCgroup | None) -> int:
         except OSError:
             pass  # no cgroup after all: RLIMIT_NPROC, or the count below
     try:
-        watch = Watch(limits, job, count_tasks=not (joined or (nproc and uid not in (0, None))))
+        watch = Watch(limits, job, count_tasks=not (joined or (nproc and uid not in (0, None))),
+                      shared_shm="/dev/shm" if shm is not None else None)
         os.write(go_w, b"x")
     except OSError as exc:
         sys.stderr.write(f"[commbench sandbox] set-up failed: {exc}\n")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import itertools
 import os
 import re
 import shutil
@@ -247,13 +248,20 @@ def job_env(plan: Plan, job_dir: Path, out: Path, code: Path,
 def job_argv(plan: Plan, job_dir: Path, job_file: Path, env: dict[str, str], out: Path,
              sanitize: str | None) -> list[str]:
     """What starts the ranks: the platform's launcher (under the memory checker where asked,
-    on the plan's nodes), inside the job's sandbox unless unsandboxed. A job over several
-    nodes drops the single-node transports from `env`."""
+    on the plan's nodes), inside the job's sandbox unless unsandboxed (srun outside, each
+    rank in a sandbox of its own: `sandbox.rank_wrap`). A job over several nodes drops the
+    single-node transports from `env`."""
     platform, settings = plan.platform, plan.settings
     wrap = platform.sanitizer(sanitize, out) if sanitize else None
     if sanitize and wrap is None:
         raise RuntimeError(f"platform {platform.name} has no memory checker for {sanitize}")
     placed = {"nodes": plan.nodes} if plan.nodes else {}  # each rank's node, named
+    # srun's ranks are started by slurmd: each in a sandbox of its own, srun outside
+    placement = platform.node_placement
+    per_rank = bool(not settings.unsandboxed and plan.nodes and placement is not None
+                    and placement.launcher.kind == "srun")
+    if per_rank:
+        wrap = [*sandbox.rank_wrap(job_dir), *(wrap or ())]
     argv = platform.launch_argv(plan.world, job_file, tuple(wrap or ()), **placed)
     if nodes.spans(plan.nodes):  # ranks on other nodes need the network's transports
         if env.get("OMPI_MCA_btl") == SINGLE_NODE_BTL:
@@ -264,7 +272,12 @@ def job_argv(plan: Plan, job_dir: Path, job_file: Path, env: dict[str, str], out
                 env["NCCL_SOCKET_IFNAME"] = os.environ["NCCL_SOCKET_IFNAME"]
     if settings.unsandboxed:
         return argv
-    placement = platform.node_placement
+    if per_rank:  # the ranks' environment as srun would give it them (`env K=V ... srun`)
+        given = dict(w.split("=", 1) for w in
+                     itertools.takewhile(lambda w: "=" in w, argv[1:])) if argv[0] == "env" else {}
+        given.pop("SLURM_HOSTFILE", None)  # srun's own
+        sandbox.rank_plan(job_dir, {**env, **given}, hide=hidden(settings))
+        return argv
     far = nodes.away(plan.nodes, placement.here if placement and placement.here
                      else socket.gethostname()) if plan.nodes else []
     if far:  # a sandbox on each node: mpirun's here, its daemon's on each other node

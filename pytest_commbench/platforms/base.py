@@ -106,6 +106,12 @@ class Platform:
                 return reason
             far = over_nodes.away(placement.layout(world, task.spans_nodes),
                                   placement.here or socket.gethostname())
+            if placement.sandboxed and placement.launcher.kind == "srun" and \
+                    self.wraps_launcher(world):
+                return ("its ranks would share a GPU: such a job starts its launcher through "
+                        "its MPS wrapper, which runs in the job's one sandbox, and srun's ranks "
+                        "run each in a sandbox of its own (--commbench-unsandboxed; "
+                        "docs/cluster-design.md)")
             if placement.sandboxed and far and self.wraps_launcher(world):
                 return (f"its ranks would run on {', '.join(far)} and share a GPU: such a job "
                         "starts its launcher through its MPS wrapper, which runs in one "

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import errno
+import json
 import os
 import shutil
 import signal
@@ -318,3 +320,74 @@ def test_a_job_sees_of_etc_only_what_programs_need(tmp_path):
     assert set(_said(out, "ETC")) <= set(sandbox.ETC_KEEP), out
     assert _said(out, "SEEN") == [], out
     assert "LOCALHOST 127." in out, out
+
+
+def test_ranks_in_sandboxes_of_their_own_share_their_nodes_shm_and_get_their_launchers_variables(
+        tmp_path):
+    """Two ranks as srun starts them (`sandbox.rank_wrap`: one plan, a sandbox each, the
+    launcher's variables in each one's environment): each gets its own SLURM_* and PMIx
+    variables over the plan's, the PID its task has on the host (SLURM_TASK_PID), the job
+    step's PMIx folder read-only at its own path (a folder bound "rw" writable), and one
+    /dev/shm with its peer, which the
+    last to end removes; what the plan hides stays hidden, and nothing else of the
+    launcher's environment comes in."""
+    refs = tmp_path / "references"
+    refs.mkdir()
+    (refs / "solution.py").write_text("SECRET")
+    step = tmp_path / "spool" / "pmix.9.0"
+    step.mkdir(parents=True)
+    (step / "dstore").write_text("store")
+    other = tmp_path / "spool" / "other"  # a folder a plan may bind writable
+    other.mkdir()
+    (tmp_path / "spool" / "cred_state").write_text("slurmd's")
+    job = _job(tmp_path)
+    (job / "ro" / "probe.py").write_text(textwrap.dedent(f"""
+        import os, sys, time
+        rank = int(os.environ["SLURM_PROCID"])
+        open(f"/dev/shm/from-{{rank}}", "w").write(str(rank))
+        end = time.monotonic() + 30
+        while not os.path.exists(f"/dev/shm/from-{{1 - rank}}") and time.monotonic() < end:
+            time.sleep(0.05)
+        for mode in ("ro", "rw"):
+            try:
+                open(os.path.join(os.environ[f"STEP_{{mode.upper()}}"], f"w-{{rank}}"), "w").write("x")
+                print("WROTE", mode)
+            except OSError as exc:
+                print("REFUSED", mode, exc.errno)
+        print("RANK", rank, "PID", os.getpid(), "PEER", os.path.exists(f"/dev/shm/from-{{1 - rank}}"),
+              "SEEN", os.path.exists({str(refs / 'solution.py')!r}),
+              "SPOOL", os.path.exists({str(tmp_path / 'spool' / 'cred_state')!r}),
+              "STORE", open({str(step / 'dstore')!r}).read(),
+              "ENV", sorted(k for k in os.environ if k.startswith(("SLURM", "PMIX", "HOME"))),
+              "JOB", os.environ["SLURM_JOB_ID"], "BTL", os.environ["OMPI_MCA_btl"], flush=True)
+        """))
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "SLURM_JOB_ID": "9",
+           "SLURM_PROCID": "plan's", "OMPI_MCA_btl": "self,vader"}
+    words = sandbox.rank_wrap(job)
+    spec = sandbox.rank_plan(job, env, hide=[refs])
+    spec["bind_env"] = {**spec["bind_env"], "STEP_RO": "ro", "STEP_RW": "rw"}
+    spec["inherit"] = {**spec["inherit"], "STEP_*": "launcher"}
+    (job / "ro" / sandbox.RANK_PLAN).write_text(json.dumps(spec))
+    shm = Path(spec["shared_shm"])
+    procs = []
+    for rank in (0, 1):
+        launcher = {**os.environ, "SLURM_PROCID": str(rank), "SLURM_TASK_PID": str(20000 + rank),
+                    "PMIX_SERVER_TMPDIR": f"{step}/", "PMIX_RANK": str(rank),
+                    "OMPI_MCA_btl": "tcp", "HOME": "/root", "STEP_RO": str(step),
+                    "STEP_RW": str(other)}
+        procs.append(subprocess.Popen([*words, sys.executable, "-I", str(job / "ro" / "probe.py")],
+                                      env=launcher, stdout=subprocess.PIPE,
+                                      stderr=subprocess.STDOUT, text=True))
+    outs = [p.communicate(timeout=120)[0] for p in procs]
+    for rank, (proc, out) in enumerate(zip(procs, outs)):
+        assert proc.returncode == 0, out
+        said = out.split("RANK ", 1)[1].split()
+        assert said[:7] == [str(rank), "PID", str(20000 + rank), "PEER", "True", "SEEN", "False"], out
+        assert "SPOOL False" in out and "STORE store" in out, out  # the step's folder alone
+        assert "['PMIX_RANK', 'PMIX_SERVER_TMPDIR', 'SLURM_JOB_ID', 'SLURM_PROCID', " \
+               "'SLURM_TASK_PID']" in out and "HOME" not in out, out
+        assert "JOB 9 BTL self,vader" in out, out  # the plan's, where the launcher's does not win
+        # the job step's PMIx folder read-only, as the rank plan binds it; "rw" writable
+        assert f"REFUSED ro {errno.EROFS}" in out and "WROTE rw" in out, out
+        assert not (step / f"w-{rank}").exists() and (other / f"w-{rank}").exists()
+    assert not shm.exists(), "the last rank's sandbox leaves its node's /dev/shm folder"

@@ -2,7 +2,7 @@
 `munged`, one `slurmctld` and one `slurmd` on this machine, started by the test in a folder of
 its own, on free ports of the loopback address) run a job array of two shards of the CPU
 suite, and `commbench report` merges them into the verdicts of an unsharded run; an item's
-ranks launched by srun.
+ranks launched by srun, unsandboxed and each in a sandbox of its own.
 
 Skipped, saying why, where the daemons are not installed, the test is not root (slurmd runs
 its jobs as root) or they cannot start here. Every daemon and every process of its jobs is
@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_commbench import sandbox
+from pytest_commbench import sandbox, sandbox_init
 from pytest_commbench.results import load
 
 REPO = Path(__file__).resolve().parents[2]
@@ -294,43 +294,95 @@ exec {sys.executable} {' '.join(pytest_args[:-1])} "{SELECTION}" \\
     assert headline[0].startswith("Pass Rate 100.0% (3/3)") and "PARTIAL" not in headline[0]
 
 
-def test_srun_launches_an_items_ranks_under_slurm_and_a_sandboxed_item_is_skipped(cluster):
-    """`--commbench-launcher=srun` inside a job of two tasks: srun --mpi=pmix starts the
-    ranks through slurmd (Open MPI's ranks wire up through Slurm's PMIx), and the item passes
-    unsandboxed, each rank's host recorded; sandboxed, the item is skipped saying why (srun's
-    ranks are slurmd's, outside the job's sandbox, where srun cannot reach munge either)."""
-    root = cluster.root
+def _pmix_or_skip(cluster: Cluster) -> None:
     probe = cluster.slurm("srun", "-n", "1", "--mpi=pmix", "true", timeout=60)
     if "can not load PMIx library" in probe.stderr:
         pytest.skip("Slurm's PMIx plugin cannot load the PMIx library here (Debian's "
                     "libpmix-dev ships the pmix2/lib/libpmix.so it opens)")
-    for label, extra in (("unsandboxed", "--commbench-unsandboxed"), ("sandboxed", "")):
-        script = root / f"{label}.sbatch"
-        script.write_text(f"""\
+
+
+def _shared_shm() -> set[str]:
+    """The ranks' shared /dev/shm folders of this host (sandbox.rank_plan's)."""
+    return {p.name for p in Path(sandbox.SHM_ROOT).glob("commbench-shm-*")}
+
+
+def _srun_item(cluster: Cluster, label: str, model: str, selection: str, *extra: str,
+               tasks: int = 2) -> tuple[Path, str]:
+    """Run the items of `selection` in a Slurm job of `tasks` tasks (more than the node's
+    CPUs: overcommitted), their ranks launched by srun; the run's results log and the job's
+    output."""
+    root = cluster.root
+    script = root / f"{label}.sbatch"
+    script.write_text(f"""\
 #!/bin/bash
-#SBATCH --ntasks=2
+#SBATCH --ntasks={tasks}
+#SBATCH --overcommit
 #SBATCH --time=10
 #SBATCH --chdir={REPO}
 #SBATCH --output={root}/{label}.out
 exec {sys.executable} -m pytest suites -p no:cacheprovider --platform=cpu -rs \\
-  --commbench-model=reference --commbench-check-only -k "p2p and pingpong and not flag" \\
-  --commbench-launcher=srun {extra} --commbench-runs-dir={root}/runs-{label}
+  --commbench-model={model} --commbench-check-only -k "{selection}" \\
+  --commbench-launcher=srun {' '.join(extra)} --commbench-runs-dir={root}/runs-{label}
 """)
-        submitted = cluster.slurm("sbatch", "--parsable", str(script))
-        assert submitted.returncode == 0, submitted.stderr
-        job = submitted.stdout.strip().split(";")[0]
-        ended = _until(lambda job=job: not cluster.slurm("squeue", "-h", "-j", job).stdout.strip(),
-                       JOBS_S, 1)
-        out = _tail(root / f"{label}.out", 3000)
-        assert ended, f"the {label} job did not end within {JOBS_S} s:\n{out}"
-        (log,) = (root / f"runs-{label}").glob("*/results.jsonl")
+    submitted = cluster.slurm("sbatch", "--parsable", str(script))
+    assert submitted.returncode == 0, submitted.stderr
+    job = submitted.stdout.strip().split(";")[0]
+    ended = _until(lambda: not cluster.slurm("squeue", "-h", "-j", job).stdout.strip(),
+                   JOBS_S, 1)
+    out = _tail(root / f"{label}.out", 3000)
+    assert ended, f"the {label} job did not end within {JOBS_S} s:\n{out}"
+    (log,) = (root / f"runs-{label}").glob("*/results.jsonl")
+    return log, out
+
+
+def test_srun_launches_an_items_ranks_under_slurm_unsandboxed_and_each_in_a_sandbox(cluster):
+    """`--commbench-launcher=srun` inside a job of two tasks: srun --mpi=pmix starts the
+    ranks through slurmd (Open MPI's ranks wire up through Slurm's PMIx), and the item
+    passes, each rank's host recorded: unsandboxed, and sandboxed (each rank in a sandbox of
+    its own that slurmd starts, srun outside: the ranks reach their PMIx server and share
+    their node's /dev/shm folder, which the last of them removes)."""
+    _pmix_or_skip(cluster)
+    before = _shared_shm()
+    for label, extra in (("unsandboxed", "--commbench-unsandboxed"), ("sandboxed", "")):
+        log, out = _srun_item(cluster, label, "reference", "p2p and pingpong and not flag",
+                              extra)
         (record,) = [r for r in load(log) if r["task"] == "p2p/pingpong"]
-        if extra:
-            assert record["verdict"] == "pass", (record.get("message"), out)
-            assert len(record["hosts"]) == 2 and len(set(record["hosts"])) == 1, record
-        else:
-            assert record["verdict"] == "skipped", (record.get("message"), out)
-            assert "srun starts each rank through slurmd" in record["message"]
+        assert record["verdict"] == "pass", (label, record.get("message"), out)
+        assert len(record["hosts"]) == 2 and len(set(record["hosts"])) == 1, record
+    assert _shared_shm() <= before, "a job's shared /dev/shm folder was left behind"
+
+
+def test_a_sandboxed_srun_rank_cannot_see_what_the_sandbox_hides(cluster):
+    """The cheat that looks for the references (the project, the package's own path from
+    PID 1's command line, a walk of the usual trees) and runs the expert's solution, its four
+    ranks started by srun each in a sandbox: it finds nothing, as under mpirun, and ends
+    with a verdict that is no pass."""
+    import tomllib
+
+    _pmix_or_skip(cluster)
+    before = _shared_shm()
+    folder = REPO / "fixtures" / "cheats" / "read_references"
+    spec = tomllib.loads((folder / "cheat.toml").read_text())
+    task = spec["task"]
+    log, out = _srun_item(cluster, "cheat", f"dir:{folder}",
+                          f"{task.split('/')[0]} and {task.split('/')[1]}", tasks=4)
+    (record,) = [r for r in load(log) if r["task"] == task]
+    said = f"{record.get('message')}\n{record.get('detail')}\n{record.get('output')}"
+    assert record["verdict"] in spec["expect"], (record["verdict"], said, out)
+    # it found nothing, so wrote nothing (unsandboxed it finds the references, and the
+    # guard of what the task forbids stops the expert's code it loads: forbidden)
+    assert record["verdict"] == "wrong_answer", (said, out)
+    assert "[cheat] using" not in said and "references/collective" not in said, said
+    assert len(record["hosts"]) == record["world"] == 4, record
+    # the controller stopped the job at its wrong answer: slurmd killed the ranks' sandboxes
+    # (SIGKILL), which left their node's /dev/shm folder; no sandbox holds it, and the next
+    # sandbox on the node removes it once it has been untouched for SHM_STALE_S
+    parent = os.open(sandbox.SHM_ROOT, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        sandbox_init.sweep_shm(parent, "", now=time.time() + sandbox_init.SHM_STALE_S + 1)
+    finally:
+        os.close(parent)
+    assert _shared_shm() <= before
 
 
 def test_jobs_see_the_batch_systems_settings_named_by_slurm_conf(tmp_path):

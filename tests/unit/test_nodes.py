@@ -162,20 +162,21 @@ def test_an_item_that_needs_more_nodes_than_there_are_is_skipped_saying_why():
     assert p.skip_reason(6, span=False) is None  # all on one node
 
 
-def test_a_sandboxed_job_goes_to_other_nodes_with_mpirun_only():
+def test_a_sandboxed_job_goes_to_other_nodes_with_mpirun_or_srun_only():
     p = _placement("a", "b", per_node=1, here="a", sandboxed=True)
     assert p.skip_reason(1, span=True) is None  # only here
     assert p.skip_reason(2, span=True) is None  # mpirun: a sandbox on each node
-    for kind, by in (("srun", "slurmd"), ("flux", "the Flux broker")):
-        other = dataclasses.replace(p, launcher=Launcher(kind))
-        reason = other.skip_reason(2, span=True)
-        assert "would run on b" in reason and f"not with {kind}" in reason
-        assert f"starts each rank through {by}, outside the job's sandbox" in reason
-        assert "--commbench-unsandboxed" in reason
-        # on this node alone too: the ranks are still its daemon's, never the sandbox's
-        here = other.skip_reason(1, span=True)
-        assert here and "would run on" not in here and f"not with {kind}" in here
-        assert dataclasses.replace(other, sandboxed=False).skip_reason(2, span=True) is None
+    srun = dataclasses.replace(p, launcher=Launcher("srun"))
+    assert srun.skip_reason(2, span=True) is None  # srun: a sandbox for each rank
+    other = dataclasses.replace(p, launcher=Launcher("flux"))
+    reason = other.skip_reason(2, span=True)
+    assert "would run on b" in reason and "not with flux run" in reason
+    assert "starts each rank through the Flux broker, outside the job's sandbox" in reason
+    assert "--commbench-unsandboxed" in reason
+    # on this node alone too: the ranks are still its daemon's, never the sandbox's
+    here = other.skip_reason(1, span=True)
+    assert here and "would run on" not in here and "not with flux run" in here
+    assert dataclasses.replace(other, sandboxed=False).skip_reason(2, span=True) is None
     assert _placement("localhost", per_node=1, here="a", sandboxed=True).skip_reason(
         2, span=False) is None
 
@@ -364,10 +365,10 @@ def test_a_sandboxed_item_whose_ranks_would_run_on_other_nodes_is_skipped_saying
     hostfile = bench.root / "hosts"
     hostfile.write_text("elsewhere1 slots=1\nelsewhere2 slots=1\n")
     result = bench.run_fake("--platform=cpu", "--commbench-hostfile=hosts", "-rs",
-                            "--commbench-launcher=srun")
+                            "--commbench-launcher=flux run")
     result.stdout.fnmatch_lines(["*its ranks would run on elsewhere1, elsewhere2, not on this "
-                                 "host*srun starts each rank through slurmd*not with srun*"
-                                 "--commbench-unsandboxed*"])
+                                 "host*flux run starts each rank through the Flux broker*"
+                                 "not with flux run*--commbench-unsandboxed*"])
     (record,) = bench.records()
     assert record["verdict"] == "skipped"
     # a task that may not span nodes asks for one node alone, never another's slots
