@@ -106,17 +106,16 @@ class Platform:
                 return reason
             far = over_nodes.away(placement.layout(world, task.spans_nodes),
                                   placement.here or socket.gethostname())
-            if placement.sandboxed and placement.launcher.kind == "srun" and \
-                    self.wraps_launcher(world):
-                return ("its ranks would share a GPU: such a job starts its launcher through "
-                        "its MPS wrapper, which runs in the job's one sandbox, and srun's ranks "
-                        "run each in a sandbox of its own (--commbench-unsandboxed; "
-                        "docs/cluster-design.md)")
-            if placement.sandboxed and far and self.wraps_launcher(world):
-                return (f"its ranks would run on {', '.join(far)} and share a GPU: such a job "
-                        "starts its launcher through its MPS wrapper, which runs in one "
-                        "sandbox on one node (--commbench-unsandboxed; "
-                        "docs/cluster-design.md)")
+            # ranks sharing a GPU start through the job's MPS wrapper, in one sandbox on one
+            # node: not where a sandbox is per node (ranks elsewhere) or per rank (srun)
+            srun = placement.launcher.kind == "srun"
+            if placement.sandboxed and (far or srun) and self.wraps_launcher(world):
+                where = f"run on {', '.join(far)} and " if far else ""
+                why = ("srun's ranks run each in a sandbox of its own" if srun
+                       else "the ranks on other nodes run in sandboxes of their nodes")
+                return (f"its ranks would {where}share a GPU: such a job starts its launcher "
+                        f"through its MPS wrapper, which runs in one sandbox on one node, and "
+                        f"{why} (--commbench-unsandboxed; docs/cluster-design.md)")
             if placement.launcher.kind != "mpirun" or placement.launcher.program:
                 return None  # the launcher is the user's (srun, flux run, a path)
         if find_mpiexec() is None:

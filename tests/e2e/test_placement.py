@@ -129,15 +129,22 @@ def test_a_sandboxed_job_sharing_a_gpu_keeps_to_one_node(fake_bin, monkeypatch):
     task = _task("collective/nccl_allreduce")
     assert task.spans_nodes
 
-    def placed(per_gpu: int, sandboxed: bool = True):
+    def placed(per_gpu: int, sandboxed: bool = True, launcher: str = "mpirun",
+               nodes: tuple = ("n1", "n2")):
         platform = _platform(per_gpu)
-        platform.node_placement = Placement((Node("n1"), Node("n2")), Launcher("mpirun"), 1,
-                                            "test", "n1", None, sandboxed)
+        platform.node_placement = Placement(tuple(Node(n) for n in nodes), Launcher(launcher),
+                                            3 - len(nodes), "test", "n1", None, sandboxed)
         return platform
 
     reason = placed(2).skip_reason(task, 2) or ""
     assert "would run on n2 and share a GPU" in reason and "MPS wrapper" in reason, reason
     assert "share a GPU" not in (placed(2, sandboxed=False).skip_reason(task, 2) or "")
+    # srun's ranks, each in a sandbox of its own: on one node too
+    reason = placed(2, launcher="srun", nodes=("n1",)).skip_reason(task, 2) or ""
+    assert "would share a GPU" in reason and "srun's ranks run each in a sandbox" in reason, \
+        reason
+    assert "share a GPU" not in (placed(2, sandboxed=False, launcher="srun", nodes=("n1",))
+                                 .skip_reason(task, 2) or "")
 
 
 def test_without_the_mps_control_program_shared_items_are_skipped_saying_so(fake_bin,
