@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import itertools
 import os
 import re
 import shutil
@@ -272,11 +271,14 @@ def job_argv(plan: Plan, job_dir: Path, job_file: Path, env: dict[str, str], out
                 env["NCCL_SOCKET_IFNAME"] = os.environ["NCCL_SOCKET_IFNAME"]
     if settings.unsandboxed:
         return argv
-    if per_rank:  # the ranks' environment as srun would give it them (`env K=V ... srun`)
-        given = dict(w.split("=", 1) for w in
-                     itertools.takewhile(lambda w: "=" in w, argv[1:])) if argv[0] == "env" else {}
-        given.pop("SLURM_HOSTFILE", None)  # srun's own
-        sandbox.rank_plan(job_dir, {**env, **given}, hide=hidden(settings))
+    if per_rank:  # the job's environment, the MPI's libraries first (as srun's own has them)
+        assert placement is not None
+        paths = [*platform.launcher_libdirs(placement.launcher),
+                 env.get("LD_LIBRARY_PATH") or os.environ.get("LD_LIBRARY_PATH", "")]
+        ranks_env = {**env, "LD_LIBRARY_PATH": ":".join(filter(None, paths))}
+        if not ranks_env["LD_LIBRARY_PATH"]:
+            del ranks_env["LD_LIBRARY_PATH"]
+        sandbox.rank_plan(job_dir, ranks_env, hide=hidden(settings))
         return argv
     far = nodes.away(plan.nodes, placement.here if placement and placement.here
                      else socket.gethostname()) if plan.nodes else []

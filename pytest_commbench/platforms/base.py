@@ -158,13 +158,18 @@ class Platform:
         if placement.launcher.kind != "mpirun":
             ranks_file.write_text(over_nodes.ranks_text(nodes))
         flavour = "mpich" if re.search(r"HYDRA|MPICH", mpi_version(), re.I) else "openmpi"
-        libdirs = []
-        if placement.launcher.kind != "mpirun":
-            libmpi = find_libmpi(mpiexec)
-            libdirs = [str(libmpi.parent)] if libmpi is not None else []
         return over_nodes.launch_command(placement.launcher, nodes, program, ranks_file,
                                          mpiexec=mpiexec, flavour=flavour,
-                                         output=output_options(), libdirs=libdirs)
+                                         output=output_options(),
+                                         libdirs=self.launcher_libdirs(placement.launcher))
+
+    def launcher_libdirs(self, launcher: over_nodes.Launcher) -> list[str]:
+        """The folders first on the library path of ranks a batch system's daemons start
+        (srun, flux run): the MPI's own (mpirun puts them there for its ranks itself)."""
+        if launcher.kind == "mpirun":
+            return []
+        libmpi = find_libmpi(find_mpiexec())
+        return [str(libmpi.parent)] if libmpi is not None else []
 
     def sanitizer(self, tool: str, out: Path) -> tuple[str, ...] | None:
         """The command that runs a rank under the vendor's memory checker with `tool`, its

@@ -147,3 +147,33 @@ def test_a_sandboxed_placement_launches_with_srun_and_skips_flux_run():
     assert Placement((Node("a", 2),), Launcher("flux"), here="a",
                      sandboxed=False).skip_reason(2, span=True) is None
     assert nodes.KINDS["srun"] == "srun"
+
+
+def test_srun_ranks_keep_the_jobs_library_path_behind_the_mpis(tmp_path, monkeypatch):
+    """A sandboxed srun rank's environment is the job's (a GPU platform's NCCL folder on
+    its LD_LIBRARY_PATH stays), the MPI's library folder first, as srun's own has it."""
+    from pytest_commbench.engine.job import job_argv
+    from pytest_commbench.engine.plan import Plan
+    from pytest_commbench.platforms import make
+    from pytest_commbench.settings import Settings
+
+    platform = make("cpu")
+    platform.node_placement = Placement((Node("n1"), Node("n2")), Launcher("srun", "srun", ()),
+                                        1, "test", "n1", sandboxed=True)
+    monkeypatch.setattr(type(platform), "launcher_libdirs", lambda self, launcher: ["/mpi/lib"])
+    job = tmp_path / "job"
+    (job / "ro").mkdir(parents=True)
+    settings = Settings(seed=1, work=tmp_path / "w" / "item", cache=tmp_path / "cache",
+                        references=tmp_path / "refs" / "r")
+    plan = Plan(task=None, world=2, platform=platform, settings=settings, op=None, cases=[],
+                deadline=0.0, nodes=["n1", "n2"])
+    argv = job_argv(plan, job, job / "ro" / "job.json", {"LD_LIBRARY_PATH": "/nccl/lib"},
+                    tmp_path / "out", None)
+    assert "srun" in argv and sandbox.RANK_PLAN in " ".join(argv)
+    spec = json.loads((job / "ro" / sandbox.RANK_PLAN).read_text())
+    assert spec["env"]["LD_LIBRARY_PATH"] == "/mpi/lib:/nccl/lib"
+    assert "SLURM_HOSTFILE" not in spec["env"]  # srun's own, not the ranks'
+    monkeypatch.setenv("LD_LIBRARY_PATH", "/caller/lib")
+    job_argv(plan, job, job / "ro" / "job.json", {}, tmp_path / "out", None)
+    spec = json.loads((job / "ro" / sandbox.RANK_PLAN).read_text())
+    assert spec["env"]["LD_LIBRARY_PATH"] == "/mpi/lib:/caller/lib"
