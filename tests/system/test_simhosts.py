@@ -653,14 +653,19 @@ def test_a_killed_agent_ends_the_item_as_infra_error_and_leaves_nothing(bench, s
 
 FORGER = r"""
 import json, os, socket, struct, sys
+sys.path.insert(0, sys.argv[4])
+from pytest_commbench.rank import wire
 sock = socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=10)
-head = sock.recv(4096)  # the controller's challenge
+head = b""  # the controller's challenge, whole (its frame and its MAC may come apart)
+while len(head) < 4 or len(head) < 4 + struct.unpack("!I", head[:4])[0] + wire.MAC_BYTES:
+    got = sock.recv(4096)
+    if not got:
+        sys.exit("the controller closed before its challenge")
+    head += got
 length, code, hlen = struct.unpack("!IBI", head[:9])
 said = json.loads(head[9:9 + hlen])
 mode = sys.argv[3]
 if mode == "forged":  # a HELLO framed as an agent's, made with a key of its own
-    sys.path.insert(0, sys.argv[4])
-    from pytest_commbench.rank import wire
     ch = wire.Channel(sock, os.urandom(32), "agent", "the controller")
     ch.nonce = bytes.fromhex(said["nonce"]); ch.got = 1
     ch.send("HELLO", {"node": 1, "nonce": os.urandom(32).hex(),
